@@ -1,0 +1,431 @@
+"""Batch-invariant CPU kernels (numba), each with a plain torch reference twin.
+
+Contract: every floating-point reduction here runs in an order fixed by the row's own data and
+the model's shape, never by the number of rows in the call, the batch, the cache length or the
+thread count. How that is achieved:
+
+* No `fastmath`: LLVM may not reassociate or fuse (no FMA contraction), so the order written in
+  the source *is* the order computed, whatever the compiler vectorizes, on any x86 CPU.
+* Vectorization only across independent outputs (lanes), never along a reduction. The linear
+  kernel sums `x[m, k] * w[n, k]` over k = 0, 1, ..., K-1 one term at a time, with 8..64 outputs n
+  side by side in SIMD lanes. Its torch twin `linear_ref` does the same K-step loop and matches
+  it bitwise.
+* Threads (numba prange) split outputs: weight blocks, rows, (row, head) pairs. One output is
+  always computed by one thread, start to end.
+* Transcendentals (exp) are scalar libm calls in loops indexed by a row's own positions, so an
+  element never switches between a vector body and a scalar tail. SVML is disabled in
+  `exactspec/__init__.py` before numba is imported.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+import torch
+from numba import njit, prange
+
+NB = 64  # output columns per packed weight block: one thread task, 8 AVX2 / 4 AVX-512 lanes wide
+MC = 8  # rows accumulated per pass over a weight block (the block stays in L1/L2 across passes)
+
+
+def set_num_threads(n: int) -> None:
+    """Threads for our kernels and for torch's (elementwise) ops. Results do not depend on it."""
+    numba.set_num_threads(n)
+    torch.set_num_threads(n)
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear: y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]), k ascending, no FMA.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A (N, K) weight packed as (ceil(N/NB), K, NB) so each thread task reads one contiguous block.
+
+    `data` is float32, or uint16 holding bfloat16 bits (widened exactly in the kernel).
+    `bias` is float32 (N,) or an empty array.
+    """
+    data: np.ndarray
+    n: int
+    k: int
+    bias: np.ndarray
+
+    @property
+    def bf16(self) -> bool:
+        return self.data.dtype == np.uint16
+
+    def unpack(self) -> torch.Tensor:
+        """(N, K) float32: the weight as the kernel sees it (for references and tests)."""
+        d = self.data
+        if self.bf16:
+            d = (d.astype(np.uint32) << 16).view(np.float32)
+        return torch.from_numpy(np.ascontiguousarray(d.transpose(0, 2, 1).reshape(-1, self.k)[: self.n]))
+
+
+def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
+    """Pack a (N, K) float32 or bfloat16 tensor. Zero-pads N up to a multiple of NB."""
+    n, k = w.shape
+    nblk = (n + NB - 1) // NB
+    if w.dtype == torch.bfloat16:
+        src, dt = w.contiguous().view(torch.int16).numpy().view(np.uint16), np.uint16
+    elif w.dtype == torch.float32:
+        src, dt = w.contiguous().numpy(), np.float32
+    else:
+        raise TypeError(f"pack_weight: dtype {w.dtype} (float32 or bfloat16 expected)")
+    padded = np.zeros((nblk * NB, k), dt)
+    padded[:n] = src
+    data = np.ascontiguousarray(padded.reshape(nblk, NB, k).transpose(0, 2, 1))  # (nblk, K, NB)
+    b = np.empty(0, np.float32) if bias is None else bias.float().contiguous().numpy().copy()
+    return PackedWeight(data, n, k, b)
+
+
+@njit(inline="always")
+def _axpy4(a, x0, x1, x2, x3, w0, w1, w2, w3, nb):
+    # Four k-steps applied in order; vectorized over the nb output lanes.
+    for j in range(nb):
+        s = a[j]
+        s += x0 * w0[j]
+        s += x1 * w1[j]
+        s += x2 * w2[j]
+        s += x3 * w3[j]
+        a[j] = s
+
+
+@njit(inline="always")
+def _store(y, acc, bias, m0, mc, n0, nb):
+    for m in range(mc):
+        if bias.shape[0] > 0:
+            for j in range(nb):
+                y[m0 + m, n0 + j] = acc[m, j] + bias[n0 + j]
+        else:
+            for j in range(nb):
+                y[m0 + m, n0 + j] = acc[m, j]
+
+
+@njit(parallel=True, cache=True)
+def _linear_f32(x, w, bias, y):
+    M, K = x.shape
+    N = y.shape[1]
+    K4 = K - K % 4
+    for b in prange(w.shape[0]):
+        n0 = b * NB
+        nb = min(NB, N - n0)
+        acc = np.empty((MC, NB), np.float32)
+        blk = w[b]  # (K, NB)
+        for m0 in range(0, M, MC):
+            mc = min(MC, M - m0)
+            acc[:] = 0.0
+            for k in range(0, K4, 4):
+                for m in range(mc):
+                    xr = x[m0 + m]
+                    _axpy4(acc[m], xr[k], xr[k + 1], xr[k + 2], xr[k + 3],
+                           blk[k], blk[k + 1], blk[k + 2], blk[k + 3], nb)
+            for k in range(K4, K):
+                for m in range(mc):
+                    xv = x[m0 + m, k]
+                    a = acc[m]
+                    wr = blk[k]
+                    for j in range(nb):
+                        a[j] += xv * wr[j]
+            _store(y, acc, bias, m0, mc, n0, nb)
+    return y
+
+
+@njit(parallel=True, cache=True)
+def _linear_bf16(x, w, bias, y):
+    M, K = x.shape
+    N = y.shape[1]
+    K4 = K - K % 4
+    for b in prange(w.shape[0]):
+        n0 = b * NB
+        nb = min(NB, N - n0)
+        acc = np.empty((MC, NB), np.float32)
+        bits = np.empty((4, NB), np.uint32)
+        wf = bits.view(np.float32)  # bfloat16 -> float32 is exact: the bf16 bits are the top half
+        blk = w[b]
+        for m0 in range(0, M, MC):
+            mc = min(MC, M - m0)
+            acc[:] = 0.0
+            for k in range(0, K4, 4):
+                for r in range(4):
+                    src = blk[k + r]
+                    dst = bits[r]
+                    for j in range(NB):
+                        dst[j] = np.uint32(src[j]) << 16
+                for m in range(mc):
+                    xr = x[m0 + m]
+                    _axpy4(acc[m], xr[k], xr[k + 1], xr[k + 2], xr[k + 3], wf[0], wf[1], wf[2], wf[3], nb)
+            for k in range(K4, K):
+                src = blk[k]
+                dst = bits[0]
+                for j in range(NB):
+                    dst[j] = np.uint32(src[j]) << 16
+                for m in range(mc):
+                    xv = x[m0 + m, k]
+                    a = acc[m]
+                    w0 = wf[0]
+                    for j in range(nb):
+                        a[j] += xv * w0[j]
+            _store(y, acc, bias, m0, mc, n0, nb)
+    return y
+
+
+def linear(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """x (M, K) float32 -> (M, N) float32."""
+    x = x.contiguous()
+    y = torch.empty((x.shape[0], w.n), dtype=torch.float32)
+    if x.shape[0] == 0:
+        return y
+    kern = _linear_bf16 if w.bf16 else _linear_f32
+    kern(x.numpy(), w.data, w.bias, y.numpy())
+    return y
+
+
+def linear_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Torch twin of `linear`: the same K-step order, each step a correctly rounded mul then add."""
+    w = w.float()
+    y = torch.zeros(x.shape[0], w.shape[0])
+    for k in range(w.shape[1]):
+        y = y + x[:, k:k + 1] * w[:, k]
+    return y if bias is None else y + bias.float()
+
+
+# ---------------------------------------------------------------------------------------------
+# RMSNorm over rows: y = x / sqrt(mean(x^2) + eps) * w. Sum of squares in index order.
+# ---------------------------------------------------------------------------------------------
+
+@njit(parallel=True, cache=True)
+def _rmsnorm(x, w, eps, y):
+    M, H = x.shape
+    for m in prange(M):
+        ss = np.float32(0.0)
+        for i in range(H):
+            ss += x[m, i] * x[m, i]
+        r = np.float32(1.0) / np.sqrt(ss / np.float32(H) + eps)
+        for i in range(H):
+            y[m, i] = w[i] * (x[m, i] * r)
+    return y
+
+
+def rmsnorm(x: torch.Tensor, w: np.ndarray, eps: float) -> torch.Tensor:
+    """x (M, H) float32, w (H,) float32 -> (M, H)."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    if x.shape[0]:
+        _rmsnorm(x.numpy(), w, np.float32(eps), y.numpy())
+    return y
+
+
+def rmsnorm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    ss = torch.zeros(x.shape[0])
+    for i in range(x.shape[1]):
+        ss = ss + x[:, i] * x[:, i]
+    r = 1.0 / torch.sqrt(ss / x.shape[1] + torch.tensor(eps, dtype=torch.float32))
+    return w * (x * r[:, None])
+
+
+# ---------------------------------------------------------------------------------------------
+# SwiGLU: gate_up (M, 2I) -> silu(gate) * up (M, I), one row at a time over the fixed width I.
+# ---------------------------------------------------------------------------------------------
+
+@njit(parallel=True, cache=True)
+def _silu_mul(gu, y):
+    M, I2 = gu.shape
+    half = I2 // 2
+    for m in prange(M):
+        for i in range(half):
+            g = gu[m, i]
+            y[m, i] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * gu[m, half + i]
+    return y
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    y = torch.empty(gu.shape[0], gu.shape[1] // 2)
+    if gu.shape[0]:
+        _silu_mul(gu.contiguous().numpy(), y.numpy())
+    return y
+
+
+def silu_mul_ref(gu: torch.Tensor) -> torch.Tensor:
+    g, u = gu.chunk(2, dim=-1)
+    return torch.nn.functional.silu(g) * u
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention of each new row over its own sequence's cache.
+# Row r (slot s, position p) attends to keys j in [max(0, p - window + 1), p]: the set and the
+# order depend on p alone, never on the cache length or capacity or the other rows.
+# Scores are vectorized across keys (k cache stored transposed, (D, C)), summed over d in order;
+# softmax max is exact; exp sum and the weighted sum of values run over j ascending.
+# ---------------------------------------------------------------------------------------------
+
+@njit(parallel=True, cache=True)
+def _attention(q, kt, v, slot, pos, scale, window, out):
+    R, Hq, D = q.shape
+    Hkv = kt.shape[1]
+    grp = Hq // Hkv
+    for t in prange(R * Hq):
+        r = t // Hq
+        h = t % Hq
+        g = h // grp
+        s = slot[r]
+        p = pos[r]
+        j0 = 0
+        if window > 0 and p - window + 1 > 0:
+            j0 = p - window + 1
+        n = p + 1 - j0
+        sc = np.zeros(n, np.float32)
+        kk = kt[s, g]  # (D, C)
+        for d in range(D):
+            qd = q[r, h, d]
+            krow = kk[d]
+            for j in range(n):
+                sc[j] += qd * krow[j0 + j]
+        mx = np.float32(-np.inf)
+        for j in range(n):
+            sc[j] = sc[j] * scale
+            if sc[j] > mx:
+                mx = sc[j]
+        o = out[r, h]
+        o[:] = 0.0
+        l = np.float32(0.0)
+        vv = v[s, g]  # (C, D)
+        for j in range(n):
+            e = np.float32(math.exp(sc[j] - mx))
+            l += e
+            vr = vv[j0 + j]
+            for d in range(D):
+                o[d] += e * vr[d]
+        for d in range(D):
+            o[d] = o[d] / l
+    return out
+
+
+def attention(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
+              scale: float, window: int = 0) -> torch.Tensor:
+    """q (R, Hq, D); kt (S, Hkv, D, C); v (S, Hkv, C, D); slot, pos (R,) int64 -> (R, Hq, D)."""
+    out = torch.empty_like(q)
+    if q.shape[0]:
+        _attention(q.contiguous().numpy(), kt.numpy(), v.numpy(), slot.numpy(), pos.numpy(),
+                   np.float32(scale), window, out.numpy())
+    return out
+
+
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor:
+    """One sequence, float64: q (T, Hq, D) at positions 0..T-1, k/v (T, Hkv, D)."""
+    T, Hq, D = q.shape
+    grp = Hq // k.shape[1]
+    k = k.double().repeat_interleave(grp, dim=1)
+    v = v.double().repeat_interleave(grp, dim=1)
+    s = torch.einsum("thd,jhd->htj", q.double(), k) * scale
+    i = torch.arange(T)
+    mask = i[None, :] > i[:, None]
+    if window > 0:
+        mask |= i[None, :] <= i[:, None] - window
+    s = s.masked_fill(mask, float("-inf")).softmax(-1)
+    return torch.einsum("htj,jhd->thd", s, v).float()
+
+
+# ---------------------------------------------------------------------------------------------
+# Row-wise softmax pieces for sampling: max, exp and sums in index order, one row per thread.
+# ---------------------------------------------------------------------------------------------
+
+@njit(parallel=True, cache=True)
+def _softmax(x, y):
+    M, V = x.shape
+    for m in prange(M):
+        mx = np.float32(-np.inf)
+        for i in range(V):
+            if x[m, i] > mx:
+                mx = x[m, i]
+        s = np.float32(0.0)
+        for i in range(V):
+            e = np.float32(math.exp(x[m, i] - mx)) if x[m, i] != -np.inf else np.float32(0.0)
+            y[m, i] = e
+            s += e
+        for i in range(V):
+            y[m, i] = y[m, i] / s
+    return y
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """(M, V) float32 -> probabilities. A row of all -inf is not allowed (NaN)."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    if x.shape[0]:
+        _softmax(x.numpy(), y.numpy())
+    return y
+
+
+@njit(parallel=True, cache=True)
+def _log_softmax(x, y):
+    M, V = x.shape
+    for m in prange(M):
+        mx = np.float32(-np.inf)
+        for i in range(V):
+            if x[m, i] > mx:
+                mx = x[m, i]
+        s = np.float32(0.0)
+        for i in range(V):
+            if x[m, i] != -np.inf:
+                s += np.float32(math.exp(x[m, i] - mx))
+        ls = np.float32(math.log(s))
+        for i in range(V):
+            y[m, i] = (x[m, i] - mx) - ls
+    return y
+
+
+def log_softmax(x: torch.Tensor) -> torch.Tensor:
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    if x.shape[0]:
+        _log_softmax(x.numpy(), y.numpy())
+    return y
+
+
+@njit(cache=True)
+def _cumsum(x, y):
+    s = np.float32(0.0)
+    for i in range(x.shape[0]):
+        s += x[i]
+        y[i] = s
+    return y
+
+
+def cumsum(x: torch.Tensor) -> torch.Tensor:
+    """1-D float32 running sum in index order (torch.cumsum may split the scan across threads)."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    _cumsum(x.numpy(), y.numpy())
+    return y
+
+
+# ---------------------------------------------------------------------------------------------
+# Rotary tables: one entry per position, computed by scalar libm cos/sin, so an entry never
+# depends on how long the table is.
+# ---------------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def _rope_table(inv_freq, n_pos, cos, sin):
+    half = inv_freq.shape[0]
+    for p in range(n_pos):
+        for i in range(half):
+            f = np.float32(p) * inv_freq[i]  # float32 product, as transformers computes it
+            c = np.float32(math.cos(np.float64(f)))
+            s = np.float32(math.sin(np.float64(f)))
+            cos[p, i] = c
+            cos[p, half + i] = c
+            sin[p, i] = s
+            sin[p, half + i] = s
+    return cos
+
+
+def rope_table(inv_freq: torch.Tensor, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """inv_freq (D/2,) float32 -> cos, sin (n_pos, D) float32 (halves repeated, HF layout)."""
+    d = 2 * inv_freq.shape[0]
+    cos = torch.empty(n_pos, d)
+    sin = torch.empty(n_pos, d)
+    _rope_table(inv_freq.float().contiguous().numpy(), n_pos, cos.numpy(), sin.numpy())
+    return cos, sin

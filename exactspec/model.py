@@ -1,0 +1,156 @@
+"""The transformer: Llama / Mistral / Qwen2 / Qwen3, forward over flattened rows.
+
+A forward call takes any set of rows (token, slot, position) from any sequences: a prompt, one
+decode token, k+1 verify tokens, or all of these from many sequences at once. Every row is
+computed by batch-invariant kernels (kernels.py), so the logits of a row are a function of its
+sequence's tokens up to its position and the weights, nothing else.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import kernels as K
+from .cache import KVCache
+from .config import ModelConfig
+from .errors import UnsupportedModelError
+from .weights import TensorStore
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class Layer:
+    attn_norm: np.ndarray  # (H,) float32
+    wqkv: K.PackedWeight  # (Hq*D + 2*Hkv*D, H): q, k, v rows stacked
+    q_norm: np.ndarray | None  # (D,) Qwen3
+    k_norm: np.ndarray | None
+    wo: K.PackedWeight  # (H, Hq*D)
+    mlp_norm: np.ndarray
+    w_gate_up: K.PackedWeight  # (2I, H): gate rows then up rows
+    w_down: K.PackedWeight  # (H, I)
+
+
+def inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """RoPE inverse frequencies (D/2,) float32, as transformers computes them (incl. llama3)."""
+    d = cfg.head_dim
+    f = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    s = cfg.rope_scaling
+    if s is None:
+        return f
+    low_wl = s["original_max_position_embeddings"] / s["low_freq_factor"]
+    high_wl = s["original_max_position_embeddings"] / s["high_freq_factor"]
+    wl = 2 * math.pi / f
+    scaled = torch.where(wl > low_wl, f / s["factor"], f)
+    smooth = (s["original_max_position_embeddings"] / wl - s["low_freq_factor"]) / (
+        s["high_freq_factor"] - s["low_freq_factor"])
+    smoothed = (1 - smooth) * scaled / s["factor"] + smooth * scaled
+    medium = ~(wl < high_wl) * ~(wl > low_wl)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x (R, H, D); cos/sin (R, 1, D). Elementwise correctly rounded ops only.
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
+
+
+class Transformer:
+    def __init__(self, cfg: ModelConfig, store: TensorStore, dtype: str, max_context: int):
+        if dtype not in DTYPES:
+            raise UnsupportedModelError(f"dtype={dtype!r} is not supported (float32, bfloat16)")
+        self.cfg = cfg
+        self.dtype = dtype
+        self.max_context = max_context
+        wd = DTYPES[dtype]
+        H, D, Hq, Hkv, I = cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size
+        if Hq % Hkv:
+            raise UnsupportedModelError(f"num_attention_heads={Hq} is not a multiple of num_key_value_heads={Hkv}")
+
+        def norm(name: str, n: int) -> np.ndarray:
+            return store.get(name, (n,), torch.float32).contiguous().numpy()
+
+        def bias(name: str, n: int, present: bool) -> torch.Tensor | None:
+            return store.get(name, (n,), torch.float32) if present else None
+
+        self.embed = store.get("model.embed_tokens.weight", (cfg.vocab_size, H), wd)  # (V, H)
+        self.layers: list[Layer] = []
+        for i in range(cfg.n_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            qkv = torch.cat([store.get(a + "q_proj.weight", (Hq * D, H), wd),
+                             store.get(a + "k_proj.weight", (Hkv * D, H), wd),
+                             store.get(a + "v_proj.weight", (Hkv * D, H), wd)])
+            qkv_b = None
+            if cfg.qkv_bias:
+                qkv_b = torch.cat([bias(a + "q_proj.bias", Hq * D, True), bias(a + "k_proj.bias", Hkv * D, True),
+                                   bias(a + "v_proj.bias", Hkv * D, True)])
+            gu = torch.cat([store.get(p + "mlp.gate_proj.weight", (I, H), wd),
+                            store.get(p + "mlp.up_proj.weight", (I, H), wd)])
+            gu_b = None
+            if cfg.mlp_bias:
+                gu_b = torch.cat([bias(p + "mlp.gate_proj.bias", I, True), bias(p + "mlp.up_proj.bias", I, True)])
+            self.layers.append(Layer(
+                attn_norm=norm(p + "input_layernorm.weight", H),
+                wqkv=K.pack_weight(qkv, qkv_b),
+                q_norm=norm(a + "q_norm.weight", D) if cfg.qk_norm else None,
+                k_norm=norm(a + "k_norm.weight", D) if cfg.qk_norm else None,
+                wo=K.pack_weight(store.get(a + "o_proj.weight", (H, Hq * D), wd),
+                                 bias(a + "o_proj.bias", H, cfg.o_bias)),
+                mlp_norm=norm(p + "post_attention_layernorm.weight", H),
+                w_gate_up=K.pack_weight(gu, gu_b),
+                w_down=K.pack_weight(store.get(p + "mlp.down_proj.weight", (H, I), wd),
+                                     bias(p + "mlp.down_proj.bias", H, cfg.mlp_bias)),
+            ))
+        self.norm = norm("model.norm.weight", H)
+        if cfg.tie_word_embeddings or not store.has("lm_head.weight"):
+            head = self.embed
+        else:
+            head = store.get("lm_head.weight", (cfg.vocab_size, H), wd)
+        self.lm_head = K.pack_weight(head)
+        self.cos, self.sin = K.rope_table(inv_freq(cfg), max_context)  # (C, D) each
+        self.scale = 1.0 / math.sqrt(D)
+
+    def new_cache(self, n_slots: int, capacity: int) -> KVCache:
+        c = self.cfg
+        return KVCache(c.n_layers, n_slots, c.n_kv_heads, c.head_dim, min(capacity, self.max_context))
+
+    def forward(self, tokens: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+                out_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens, slot, pos (R,) int64 -> logits (len(out_rows) or R, V) float32.
+
+        Writes each row's keys/values into `cache` at (slot, pos). Does not move cache lengths:
+        the caller (decode loop) owns them.
+        """
+        c = self.cfg
+        R, D, Hq, Hkv = tokens.shape[0], c.head_dim, c.n_heads, c.n_kv_heads
+        x = self.embed[tokens].float()  # (R, H)
+        cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]  # (R, 1, D)
+        window = c.sliding_window or 0
+        for i, L in enumerate(self.layers):
+            h = K.rmsnorm(x, L.attn_norm, c.rms_norm_eps)
+            qkv = K.linear(h, L.wqkv)  # (R, (Hq + 2 Hkv) D)
+            q = qkv[:, : Hq * D].reshape(R, Hq, D)
+            k = qkv[:, Hq * D: (Hq + Hkv) * D].reshape(R, Hkv, D)
+            v = qkv[:, (Hq + Hkv) * D:].reshape(R, Hkv, D)
+            if L.q_norm is not None:
+                q = K.rmsnorm(q.reshape(R * Hq, D), L.q_norm, c.rms_norm_eps).view(R, Hq, D)
+                k = K.rmsnorm(k.reshape(R * Hkv, D), L.k_norm, c.rms_norm_eps).view(R, Hkv, D)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            cache.write(i, slot, pos, k, v)
+            a = K.attention(q, cache.k[i], cache.v[i], slot, pos, self.scale, window)  # (R, Hq, D)
+            x = x + K.linear(a.reshape(R, Hq * D), L.wo)
+            h = K.rmsnorm(x, L.mlp_norm, c.rms_norm_eps)
+            x = x + K.linear(K.silu_mul(K.linear(h, L.w_gate_up)), L.w_down)
+        if out_rows is not None:
+            x = x[out_rows]
+        return K.linear(K.rmsnorm(x, self.norm, c.rms_norm_eps), self.lm_head)
+
+
+def load_transformer(folder: Path, cfg: ModelConfig, dtype: str, max_context: int) -> Transformer:
+    return Transformer(cfg, TensorStore(folder), dtype, max_context)
