@@ -222,7 +222,11 @@ def rmsnorm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     ss = torch.zeros(x.shape[0])
     for i in range(x.shape[1]):
         ss = ss + x[:, i] * x[:, i]
-    r = 1.0 / torch.sqrt(ss / x.shape[1] + torch.tensor(eps, dtype=torch.float32))
+    # divide by a tensor: torch turns division by a Python scalar into a reciprocal multiply
+    # (and `1.0 / t` into a reciprocal): keep every operand a full tensor. torch.sqrt on float32 is
+    # not correctly rounded on this CPU; sqrt in float64 rounded to float32 is.
+    var = ss / torch.full_like(ss, x.shape[1]) + torch.full_like(ss, eps)
+    r = torch.ones_like(ss) / torch.sqrt(var.double()).float()
     return w * (x * r[:, None])
 
 

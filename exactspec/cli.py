@@ -1,0 +1,89 @@
+"""Command line: `exactspec generate ...`. Errors print in one line and exit with code 2."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import ExactSpecError
+
+
+def _draft_len(v: str) -> int | str:
+    if v == "dynamic":
+        return v
+    try:
+        return int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--num-draft-tokens {v!r}: an integer >= 0 or 'dynamic'") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="exactspec", description="Exact speculative decoding on the CPU.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate", help="complete a prompt (streams text as it is produced)")
+    g.add_argument("--model", required=True, help="HF checkpoint folder (config.json, *.safetensors, tokenizer.json)")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    g.add_argument("--draft", default=None, help="draft checkpoint folder, or 'lookup' for prompt lookup")
+    g.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16"], help="default: --dtype")
+    g.add_argument("--num-draft-tokens", type=_draft_len, default=4, help="k, or 'dynamic'")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--threads", type=int, default=None, help="kernel threads (output does not depend on it)")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    return ap
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    from . import load, set_num_threads
+    if a.threads is not None:
+        if a.threads < 1:
+            raise ExactSpecError(f"--threads {a.threads}: must be >= 1")
+        set_num_threads(a.threads)
+    model = load(a.model, dtype=a.dtype)
+    draft = a.draft
+    if draft is not None and draft != "lookup":
+        draft = load(draft, dtype=a.draft_dtype or a.dtype)
+
+    def stream(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    r = model.generate(a.prompt, max_new_tokens=a.max_new_tokens, ignore_eos=a.ignore_eos, draft=draft,
+                       num_draft_tokens=a.num_draft_tokens, temperature=a.temperature, top_k=a.top_k,
+                       top_p=a.top_p, min_p=a.min_p, repetition_penalty=a.repetition_penalty, seed=a.seed,
+                       on_text=None if a.json else stream)
+    s = r.stats
+    if a.json:
+        print(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
+                          "stats": s.as_dict()}))
+        return 0
+    sys.stdout.write("\n")
+    line = (f"[{s.new_tokens} tokens, {s.tokens_per_second:.1f} tok/s, {s.forward_passes} target forwards, "
+            f"finish: {r.finish_reason}")
+    if draft is not None:
+        line += (f"; draft: {s.proposed} proposed, {s.accepted} accepted ({100 * s.acceptance_rate:.1f}%), "
+                 f"{s.mean_accepted_length:.2f} tokens/step, {s.draft_forward_passes} draft forwards")
+    print(line + "]", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        return {"generate": cmd_generate}[a.cmd](a)
+    except ExactSpecError as e:
+        print(f"exactspec: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Choosing a token from a row of logits: greedy argmax, or seeded Gumbel-max sampling.
+
+Contract: `pick(logits, params, position, history)` is a pure function of its arguments. The noise
+for sampling comes from a counter-based hash of (seed, absolute position, token id), so the token
+at a position is the same whichever drafter proposed it, whatever k, alone or batched (Daliri,
+Musco, Suresh 2024: drafter-invariant speculative decoding). argmax(z/T + Gumbel) is an exact
+sample of softmax(z/T) restricted to the tokens the filters keep.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+from numba import njit
+
+from . import kernels as K
+from .errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)) \
+                or self.temperature < 0:
+            raise InvalidArgumentError(f"temperature={self.temperature!r}: must be a finite number >= 0")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidArgumentError(f"top_k={self.top_k!r}: must be an integer >= 0 (0 = off)")
+        if not (0.0 < self.top_p <= 1.0):
+            raise InvalidArgumentError(f"top_p={self.top_p!r}: must be in (0, 1]")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise InvalidArgumentError(f"min_p={self.min_p!r}: must be in [0, 1]")
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            raise InvalidArgumentError(f"repetition_penalty={self.repetition_penalty!r}: must be > 0")
+        if not isinstance(self.seed, int) or not (0 <= self.seed < 2 ** 63):
+            raise InvalidArgumentError(f"seed={self.seed!r}: must be an integer in [0, 2**63)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+_M64 = (1 << 64) - 1
+
+
+@njit(cache=True)
+def _splitmix(z):
+    z = (z + np.uint64(0x9E3779B97F4A7C15))
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True)
+def _gumbel(seed, position, n, out):
+    key = _splitmix(_splitmix(np.uint64(seed)) ^ np.uint64(position))
+    for i in range(n):
+        bits = _splitmix(key + np.uint64(i)) >> np.uint64(11)  # 53 random bits
+        u = (np.float64(bits) + 0.5) * (1.0 / 9007199254740992.0)  # in (0, 1)
+        out[i] = -math.log(-math.log(u))
+    return out
+
+
+def gumbel_noise(seed: int, position: int, n: int) -> np.ndarray:
+    """(n,) float64 standard Gumbel noise, a pure function of (seed, position, index)."""
+    return _gumbel(seed, position, n, np.empty(n, np.float64))
+
+
+def filtered_logits(logits: torch.Tensor, p: SamplingParams, history: Sequence[int]) -> torch.Tensor:
+    """(V,) float32 -> (V,) float32 z/T with filtered-out tokens at -inf. Row-local, deterministic."""
+    z = logits.clone()
+    if p.repetition_penalty != 1.0 and len(history):
+        ids = torch.tensor(sorted(set(history)), dtype=torch.long)
+        ids = ids[ids < z.shape[0]]
+        s = z[ids]
+        z[ids] = torch.where(s > 0, s / p.repetition_penalty, s * p.repetition_penalty)
+    z = z / p.temperature
+    if p.top_k and p.top_k < z.shape[0]:
+        kth = torch.topk(z, p.top_k).values[-1]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if p.top_p < 1.0 or p.min_p > 0.0:
+        probs = K.softmax(z[None])[0]
+        if p.min_p > 0.0:
+            z = z.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
+        if p.top_p < 1.0:
+            order = torch.sort(probs, descending=True, stable=True).indices
+            before = K.cumsum(probs[order]) - probs[order]  # mass of the tokens ranked above
+            drop = order[before >= p.top_p]
+            z[drop] = float("-inf")
+    return z
+
+
+def pick(logits: torch.Tensor, p: SamplingParams, position: int, history: Sequence[int]) -> int:
+    """The token at absolute `position` given the logits row predicting it."""
+    if p.greedy and p.repetition_penalty == 1.0:
+        return int(torch.argmax(logits))
+    if p.greedy:
+        return int(torch.argmax(filtered_logits(logits, SamplingParams(1.0, repetition_penalty=p.repetition_penalty),
+                                                history)))
+    z = filtered_logits(logits, p, history).double().numpy()
+    return int(np.argmax(z + gumbel_noise(p.seed, position, z.shape[0])))
+
+
+def pick_rows(logits: torch.Tensor, p: SamplingParams, positions: Sequence[int],
+              history: list[int], drafts: Sequence[int]) -> list[int]:
+    """Choices for consecutive rows: row i predicts position positions[i] after history + drafts[:i]."""
+    if p.greedy and p.repetition_penalty == 1.0:
+        return torch.argmax(logits, dim=-1).tolist()
+    return [pick(logits[i], p, positions[i], history + list(drafts[:i])) for i in range(logits.shape[0])]

@@ -1,0 +1,71 @@
+"""Tiny random checkpoints, built with transformers configs and fixed seeds, saved as real HF
+folders (config.json, model.safetensors, tokenizer.json, generation_config.json).
+
+The default init (std 0.02) gives logits spread over ~1e-2 with many near-ties: exactly where a
+row-count-dependent rounding flips an argmax.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+
+VOCAB = 320
+
+CORPUS = [
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "import os\nimport sys\n\nfor path in sys.argv[1:]:\n    print(os.path.getsize(path))\n",
+    "Speculative decoding drafts tokens and verifies them in one forward pass.",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n    def push(self, x):\n        self.items.append(x)\n",
+]
+
+
+def make_tokenizer(folder: Path, vocab_size: int = VOCAB) -> None:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 2, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def config_for(arch: str, layers: int = 2, hidden: int = 64, seed_vocab: int = VOCAB, **kw):
+    import transformers as tf
+    common = dict(vocab_size=seed_vocab, hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                  bos_token_id=0, eos_token_id=1, tie_word_embeddings=False)
+    common.update(kw)
+    if arch == "llama":
+        return tf.LlamaConfig(**common), tf.LlamaForCausalLM
+    if arch == "llama3":
+        c = tf.LlamaConfig(**common, rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
+                                                          low_freq_factor=1.0, high_freq_factor=4.0,
+                                                          original_max_position_embeddings=64))
+        return c, tf.LlamaForCausalLM
+    if arch == "mistral":
+        return tf.MistralConfig(**{**common, "sliding_window": 48}), tf.MistralForCausalLM
+    if arch == "qwen2":
+        return tf.Qwen2Config(**{**common, "tie_word_embeddings": True}), tf.Qwen2ForCausalLM
+    if arch == "qwen3":
+        return tf.Qwen3Config(**{**common, "head_dim": 32}), tf.Qwen3ForCausalLM
+    raise ValueError(arch)
+
+
+def make_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, dtype: torch.dtype = torch.float32,
+                    tokenizer: bool = True, **kw) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg, cls = config_for(arch, **kw)
+    torch.manual_seed(seed)
+    model = cls(cfg).to(dtype).eval()
+    model.save_pretrained(folder)
+    if tokenizer:
+        make_tokenizer(folder)
+    return folder
+
+
+def hf_model(folder: Path, dtype: torch.dtype = torch.float32):
+    import transformers as tf
+    return tf.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()

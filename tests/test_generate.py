@@ -1,0 +1,78 @@
+"""Greedy generation against a slow no-cache reference; stops; batches; API shapes."""
+import torch
+
+import exactspec
+
+
+def _reference_greedy(model, ids, n):
+    """nanochat-style reference: re-run the whole sequence without a cache for every token."""
+    seq = list(ids)
+    for _ in range(n):
+        seq.append(int(model.logits(seq)[-1].argmax()))
+    return seq[len(ids):]
+
+
+def test_greedy_220_tokens_equals_stepwise_argmax_of_no_cache_logits(ckpt):
+    model = exactspec.load(ckpt("llama"))
+    ids = [5, 17, 200, 33, 9, 41]
+    r = model.generate(ids, max_new_tokens=220, ignore_eos=True)
+    assert len(r.token_ids) == 220 and r.finish_reason == "length"
+    assert r.token_ids == _reference_greedy(model, ids, 220)
+    assert r.stats.forward_passes == 220 and r.stats.tokens_per_second > 0
+
+
+def test_bfloat16_greedy_equals_reference(ckpt):
+    model = exactspec.load(ckpt("qwen2"), dtype="bfloat16")
+    ids = [7, 8, 9, 10]
+    r = model.generate(ids, max_new_tokens=60, ignore_eos=True)
+    assert r.token_ids == _reference_greedy(model, ids, 60)
+
+
+def test_eos_stops_and_ignore_eos_does_not(ckpt):
+    model = exactspec.load(ckpt("llama"))
+    ids = [3, 4, 5]
+    free = model.generate(ids, max_new_tokens=40, ignore_eos=True).token_ids
+    stop = free[15]
+    first = free.index(stop)
+    model.eos_token_ids = (stop,)
+    r = model.generate(ids, max_new_tokens=40)
+    assert r.token_ids == free[: first + 1] and r.finish_reason == "stop"
+    assert model.generate(ids, max_new_tokens=40, ignore_eos=True).token_ids == free
+
+
+def test_batch_of_different_lengths_equals_each_alone(ckpt):
+    model = exactspec.load(ckpt("mistral"))
+    prompts = [[5], list(range(10, 60)), [9, 8, 7, 6, 5, 4, 3], "def fibonacci(n):"]
+    alone = [model.generate(p, max_new_tokens=50, ignore_eos=True).token_ids for p in prompts]
+    batch = model.generate_batch(prompts, max_new_tokens=50, ignore_eos=True)
+    assert [r.token_ids for r in batch] == alone
+
+
+def test_text_prompt_and_streaming(ckpt):
+    model = exactspec.load(ckpt("qwen3"))
+    pieces = []
+    r = model.generate("class Stack:", max_new_tokens=30, ignore_eos=True, on_text=pieces.append)
+    assert r.text == model.decode(r.token_ids)
+    assert "".join(pieces) == r.text
+    assert model.encode("class Stack:") == model.tokenizer.encode("class Stack:")
+
+
+def test_zero_new_tokens(ckpt):
+    model = exactspec.load(ckpt("llama"))
+    r = model.generate([1, 2, 3], max_new_tokens=0)
+    assert r.token_ids == [] and r.finish_reason == "length"
+
+
+def test_context_end_stops_with_length(ckpt):
+    model = exactspec.load(ckpt("llama"), max_context=40)
+    r = model.generate(list(range(2, 32)), max_new_tokens=100, ignore_eos=True)
+    assert len(r.token_ids) == 10 and r.finish_reason == "length"
+    full = exactspec.load(ckpt("llama")).generate(list(range(2, 32)), max_new_tokens=10, ignore_eos=True)
+    assert r.token_ids == full.token_ids
+
+
+def test_logits_shape_and_empty(ckpt):
+    model = exactspec.load(ckpt("qwen2"))
+    assert model.logits([4, 5, 6]).shape == (3, 320)
+    assert model.logits([]).shape == (0, 320)
+    assert torch.equal(model.logits([4, 5, 6])[:2], model.logits([4, 5]))

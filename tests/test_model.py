@@ -1,0 +1,104 @@
+"""Model forward: close to transformers (oracle), and bitwise invariant across every axis."""
+import pytest
+import torch
+
+import exactspec
+from conftest import ARCHS
+from models import hf_model
+
+
+def _prompt(n, seed=0, vocab=320):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(2, vocab, (n,), generator=g).tolist()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_close_to_transformers(ckpt, arch):
+    folder = ckpt(arch)
+    ours = exactspec.load(folder)
+    ref = hf_model(folder)
+    ids = _prompt(70, seed=3)  # > mistral's window of 48
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].float()
+    got = ours.logits(ids)
+    assert got.dtype == torch.float32 and got.shape == (70, 320)
+    assert (got - want).abs().max() < 1e-5 * max(1.0, want.abs().max().item()) + 1e-6
+    top2 = want.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 1e-4
+    assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+
+
+def test_bfloat16_weights_close_to_transformers_on_the_same_weights(ckpt):
+    folder = ckpt("llama", dtype=torch.bfloat16)
+    ours = exactspec.load(folder, dtype="bfloat16")
+    ref = hf_model(folder, torch.float32)  # bf16 weights widened: our math is float32 too
+    ids = _prompt(40)
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0]
+    assert (ours.logits(ids) - want).abs().max() < 1e-5
+
+
+def _decode_logits(model, ids, chunks):
+    """Logits for every position of ids, fed to the cache in the given chunk sizes."""
+    net = model.net
+    cache = net.new_cache(1, len(ids) + 16)
+    out, p = [], 0
+    for c in chunks:
+        t = torch.tensor(ids[p:p + c])
+        out.append(net.forward(t, torch.zeros(len(t), dtype=torch.long), torch.arange(p, p + len(t)), cache))
+        p += c
+    return torch.cat(out)
+
+
+def _chunks(n, size, first=1):
+    out = [first]
+    while sum(out) < n:
+        out.append(min(size, n - sum(out)))
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_invariance_matrix(ckpt, arch, dtype):
+    """Logits of a position: (a) no-cache full forward == (b) token by token with the cache ==
+    (c) chunks of 2..16 on top of the cache == (d) inside a batch with other sequences ==
+    (e) with 1 thread. Bitwise."""
+    model = exactspec.load(ckpt(arch), dtype=dtype)
+    ids = _prompt(60, seed=1)
+    full = model.logits(ids)  # (a)
+    assert torch.equal(_decode_logits(model, ids, [1] * len(ids)), full)  # (b)
+    for size in range(2, 17):  # (c)
+        assert torch.equal(_decode_logits(model, ids, _chunks(len(ids), size, first=7)), full), size
+    # (d) a batch: three other sequences of other lengths in other slots, rows interleaved
+    net = model.net
+    others = [_prompt(n, seed=10 + n) for n in (5, 33, 71)]
+    seqs = [others[0], ids, others[1], others[2]]
+    cache = net.new_cache(len(seqs), 80)
+    tok, slot, pos = [], [], []
+    for s, seq in enumerate(seqs):
+        tok += seq
+        slot += [s] * len(seq)
+        pos += range(len(seq))
+    order = torch.randperm(len(tok), generator=torch.Generator().manual_seed(0))
+    # rows may come in any order as long as a row's keys are written in the same call or before
+    got = net.forward(torch.tensor(tok)[order], torch.tensor(slot)[order], torch.tensor(pos)[order], cache)
+    mine = torch.tensor(slot)[order] == 1
+    assert torch.equal(got[mine][torch.argsort(torch.tensor(pos)[order][mine])], full)
+    exactspec.set_num_threads(1)  # (e)
+    try:
+        assert torch.equal(model.logits(ids), full)
+        assert torch.equal(_decode_logits(model, ids, _chunks(len(ids), 5)), full)
+    finally:
+        exactspec.set_num_threads(2)
+
+
+def test_cache_capacity_and_garbage_do_not_matter(ckpt):
+    model = exactspec.load(ckpt("qwen3"))
+    ids = _prompt(30)
+    full = model.logits(ids)
+    net = model.net
+    cache = net.new_cache(3, 200)
+    cache.k.normal_()
+    cache.v.normal_()  # garbage beyond what each forward writes
+    got = net.forward(torch.tensor(ids), torch.full((30,), 2), torch.arange(30), cache)
+    assert torch.equal(got, full)
