@@ -1,8 +1,11 @@
 """Tiny random checkpoints, built with transformers configs and fixed seeds, saved as real HF
 folders (config.json, model.safetensors, tokenizer.json, generation_config.json).
 
-The default init (std 0.02) gives logits spread over ~1e-2 with many near-ties: exactly where a
-row-count-dependent rounding flips an argmax.
+Near-tie init (on by default): lm_head rows come in twins that differ only in hidden dim 0, and
+the final norm scales dim 0 by 1e-6. Every token's logit then has a twin within ~1e-8, the size
+of float32 rounding noise, so any computation whose rounding depends on the row count, the
+batch or the thread count flips tokens within a few steps (measured: a model run through
+torch's F.linear diverges between plain and speculative decoding). Ours must not.
 """
 from __future__ import annotations
 
@@ -55,11 +58,17 @@ def config_for(arch: str, layers: int = 2, hidden: int = 64, seed_vocab: int = V
 
 
 def make_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, dtype: torch.dtype = torch.float32,
-                    tokenizer: bool = True, **kw) -> Path:
+                    tokenizer: bool = True, near_ties: bool = True, **kw) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     cfg, cls = config_for(arch, **kw)
     torch.manual_seed(seed)
-    model = cls(cfg).to(dtype).eval()
+    model = cls(cfg).eval()
+    if near_ties:
+        with torch.no_grad():
+            head = model.get_output_embeddings().weight  # (V, H); tied models share it with the input
+            head[1::2, 1:] = head[0::2, 1:]
+            model.model.norm.weight[0] = 1e-6
+    model = model.to(dtype)
     model.save_pretrained(folder)
     if tokenizer:
         make_tokenizer(folder)

@@ -1,0 +1,147 @@
+"""The exactness matrix: speculative decoding never changes the tokens, greedy or seeded sampling."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+from scipy.stats import chisquare
+
+import exactspec
+from exactspec.drafters import LookupDrafter
+from exactspec.sampling import SamplingParams, filtered_logits, pick
+
+N_NEW = 256
+KS = [1, 2, 3, 5, 8, "dynamic"]
+TARGETS = [("llama", "float32"), ("qwen2", "bfloat16"), ("qwen3", "float32"), ("mistral", "bfloat16")]
+
+
+@pytest.fixture(scope="module")
+def pair(ckpt):
+    made = {}
+
+    def get(arch, dtype):
+        if (arch, dtype) not in made:
+            target = exactspec.load(ckpt(arch), dtype=dtype)
+            # an unrelated, smaller draft of another architecture sharing the vocabulary
+            draft = exactspec.load(ckpt("llama", seed=7, layers=1, hidden=32), dtype=dtype)
+            made[arch, dtype] = target, draft
+        return made[arch, dtype]
+    return get
+
+
+PROMPTS = [[11], [5, 6, 7, 5, 6, 7, 5, 6], list(range(40, 100))]
+
+
+@pytest.mark.parametrize("arch,dtype", TARGETS)
+def test_greedy_matrix(pair, arch, dtype):
+    target, draft = pair(arch, dtype)
+    plain = [target.generate(p, N_NEW, ignore_eos=True).token_ids for p in PROMPTS]
+    for k in KS:
+        got = target.generate_batch(PROMPTS, N_NEW, ignore_eos=True, draft=draft, num_draft_tokens=k)
+        assert [r.token_ids for r in got] == plain, k
+        got = target.generate_batch(PROMPTS, N_NEW, ignore_eos=True, draft="lookup", num_draft_tokens=k)
+        assert [r.token_ids for r in got] == plain, k
+    for i, p in enumerate(PROMPTS):
+        r = target.generate(p, N_NEW, ignore_eos=True, draft=draft, num_draft_tokens=3)
+        assert r.token_ids == plain[i]
+    r = target.generate(PROMPTS[1], N_NEW, ignore_eos=True, draft=draft, num_draft_tokens="dynamic",
+                        draft_confidence=0.01)
+    assert r.token_ids == plain[1]
+
+
+SAMPLING = [dict(temperature=0.8), dict(temperature=1.3, top_k=20), dict(temperature=0.7, top_p=0.9),
+            dict(temperature=1.0, min_p=0.05, repetition_penalty=1.3)]
+
+
+@pytest.mark.parametrize("arch,dtype", TARGETS[:2])
+@pytest.mark.parametrize("cfg", SAMPLING)
+def test_sampling_matrix(pair, arch, dtype, cfg):
+    target, draft = pair(arch, dtype)
+    plain = [target.generate(p, 128, ignore_eos=True, seed=1234, **cfg).token_ids for p in PROMPTS]
+    assert plain[0] != target.generate(PROMPTS[0], 128, ignore_eos=True, seed=99, **cfg).token_ids
+    for d in (draft, "lookup", target):
+        for k in (1, 4, "dynamic"):
+            got = target.generate_batch(PROMPTS, 128, ignore_eos=True, draft=d, num_draft_tokens=k, seed=1234, **cfg)
+            assert [r.token_ids for r in got] == plain, (d, k)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompts=st.lists(st.lists(st.integers(2, 319), min_size=1, max_size=30), min_size=1, max_size=3),
+       k=st.sampled_from(KS), draft_kind=st.sampled_from(["model", "lookup"]), sample=st.booleans(),
+       seed=st.integers(0, 2 ** 31))
+def test_property_any_drafter_any_k_any_batch(pair, prompts, k, draft_kind, sample, seed):
+    target, draft = pair("qwen3", "float32")
+    kw = dict(temperature=0.9, top_k=50, seed=seed) if sample else {}
+    plain = [target.generate(p, 48, ignore_eos=True, **kw).token_ids for p in prompts]
+    d = draft if draft_kind == "model" else "lookup"
+    got = target.generate_batch(prompts, 48, ignore_eos=True, draft=d, num_draft_tokens=k, **kw)
+    assert [r.token_ids for r in got] == plain
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_acceptance_is_real_with_a_draft_equal_to_the_target(pair, ckpt, sample):
+    target, _ = pair("llama", "float32")
+    twin = exactspec.load(ckpt("llama"))  # same weights, loaded separately
+    kw = dict(temperature=1.0, seed=5) if sample else {}
+    plain = target.generate([9, 10, 11], 100, ignore_eos=True, **kw)
+    r = target.generate([9, 10, 11], 100, ignore_eos=True, draft=twin, num_draft_tokens=4, **kw)
+    assert r.token_ids == plain.token_ids
+    assert r.stats.proposed > 0 and r.stats.accepted == r.stats.proposed
+    assert r.stats.acceptance_rate == 1.0
+    assert r.stats.forward_passes < plain.stats.forward_passes / 4
+    assert r.stats.mean_accepted_length == pytest.approx(99 / (r.stats.forward_passes - 1))
+
+
+def test_unrelated_draft_is_mostly_rejected_yet_output_identical(pair):
+    target, draft = pair("qwen3", "float32")
+    plain = target.generate([50, 60], 100, ignore_eos=True)
+    r = target.generate([50, 60], 100, ignore_eos=True, draft=draft, num_draft_tokens=5)
+    assert r.token_ids == plain.token_ids
+    assert r.stats.acceptance_rate < 0.5 and r.stats.draft_forward_passes > 0
+
+
+def test_lookup_drafter_proposes_continuation_of_latest_match():
+    d = LookupDrafter(max_ngram=3)
+    assert d.lookup([1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3], 2) == [7, 8]
+    assert d.lookup([1, 2, 3, 4], 3) == []
+    assert d.lookup([5, 1, 5], 4) == [1, 5]
+
+
+def test_sampled_tokens_follow_the_filtered_distribution():
+    """Chi-square: Gumbel-max over seeds samples softmax(filtered logits). Fixed seeds: deterministic."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, generator=g) * 2
+    for p in [SamplingParams(0.7, top_k=6), SamplingParams(1.0, top_p=0.8), SamplingParams(1.5, min_p=0.1)]:
+        z = filtered_logits(logits, p, [])
+        keep = torch.isfinite(z)
+        probs = torch.softmax(z.double()[keep], 0).numpy()
+        idx = {int(t): i for i, t in enumerate(torch.nonzero(keep).flatten())}
+        counts = np.zeros(len(probs))
+        n = 4000
+        for s in range(n):
+            t = pick(logits, SamplingParams(p.temperature, p.top_k, p.top_p, p.min_p, seed=s), 17, [])
+            counts[idx[t]] += 1  # KeyError = a filtered-out token was sampled
+        assert chisquare(counts, probs * n).pvalue > 1e-3
+        assert 1 < len(probs) < 64
+
+
+def test_same_seed_same_position_same_token_any_history_length():
+    logits = torch.randn(100)
+    p = SamplingParams(1.0, seed=42)
+    assert pick(logits, p, 10, [1, 2]) == pick(logits, p, 10, [3])
+    tokens = {pick(logits, p, pos, []) for pos in range(50)}
+    assert len(tokens) > 5  # noise differs by position
+
+
+def test_the_matrix_has_teeth_a_torch_linear_model_diverges(pair, monkeypatch):
+    """The same loop with torch's F.linear in place of our kernel (rounding depends on the row
+    count) must fail the exactness check on these near-tie models; otherwise the matrix proves nothing."""
+    import torch.nn.functional as F
+    from exactspec import model as M
+
+    def torch_linear(x, w):
+        return F.linear(x, w.unpack(), torch.from_numpy(w.bias) if w.bias.size else None)
+    target, draft = pair("llama", "float32")
+    monkeypatch.setattr(M.K, "linear", torch_linear)
+    plain = [target.generate(p, 128, ignore_eos=True).token_ids for p in PROMPTS]
+    spec = [r.token_ids for r in target.generate_batch(PROMPTS, 128, ignore_eos=True, draft=draft, num_draft_tokens=5)]
+    assert spec != plain
