@@ -1,0 +1,34 @@
+"""`exactspec generate` end to end, as a user runs it."""
+import json
+import subprocess
+import sys
+
+import exactspec
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "exactspec.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_generate_json_equals_api(ckpt):
+    d = str(ckpt("qwen2"))
+    r = _cli("generate", "--model", d, "--prompt", "def fibonacci(n):", "--max-new-tokens", "25", "--ignore-eos",
+             "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    api = exactspec.load(d).generate("def fibonacci(n):", max_new_tokens=25, ignore_eos=True)
+    assert out["token_ids"] == api.token_ids and out["text"] == api.text
+    assert out["stats"]["new_tokens"] == 25 and out["stats"]["forward_passes"] == 25
+
+
+def test_generate_streams_text_and_prints_draft_stats(ckpt):
+    d = str(ckpt("llama"))
+    plain = _cli("generate", "--model", d, "--prompt", "import os", "--max-new-tokens", "40", "--ignore-eos")
+    spec = _cli("generate", "--model", d, "--prompt", "import os", "--max-new-tokens", "40", "--ignore-eos",
+                "--draft", d, "--num-draft-tokens", "dynamic", "--threads", "1")
+    assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
+    assert plain.stdout == spec.stdout  # the same text, streamed
+    assert "40 tokens" in spec.stderr and "accepted (100.0%)" in spec.stderr
+    look = _cli("generate", "--model", d, "--prompt", "import os", "--max-new-tokens", "40", "--ignore-eos",
+                "--draft", "lookup", "--num-draft-tokens", "3", "--dtype", "bfloat16")
+    assert look.returncode == 0 and "proposed" in look.stderr
