@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from .errors import ContextLengthError
 
 
 class KVCache:
@@ -17,12 +16,3 @@ class KVCache:
         self.k = torch.zeros(n_layers, n_slots, n_kv_heads, head_dim, capacity)  # (L, S, Hkv, D, C)
         self.v = torch.zeros(n_layers, n_slots, n_kv_heads, capacity, head_dim)  # (L, S, Hkv, C, D)
         self.lengths = [0] * n_slots  # tokens whose keys are valid, per slot
-
-    def write(self, layer: int, slot: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v (R, Hkv, D) for rows at (slot, pos)."""
-        self.k[layer].permute(0, 3, 1, 2)[slot, pos] = k  # view (S, C, Hkv, D)
-        self.v[layer].permute(0, 2, 1, 3)[slot, pos] = v
-
-    def check_room(self, slot: int, end: int) -> None:
-        if end > self.capacity:
-            raise ContextLengthError(f"KV cache slot {slot}: position {end - 1} exceeds capacity {self.capacity}")

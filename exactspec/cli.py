@@ -37,7 +37,38 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--threads", type=int, default=None, help="kernel threads (output does not depend on it)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    d = sub.add_parser("demo", help="the shipped demo pair: plain vs speculative decoding, identity checked")
+    d.add_argument("--max-new-tokens", type=int, default=128)
+    d.add_argument("--num-draft-tokens", type=_draft_len, default=5)
+    d.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    d.add_argument("--folder", default=None, help="folder with target/ and draft/ (default: the bundled demo)")
+    s = sub.add_parser("distill", help="train a small draft model for a target on a folder of text/code")
+    s.add_argument("--target", required=True, help="target HF checkpoint folder (with tokenizer.json)")
+    s.add_argument("--corpus", required=True, help="folder of .py/.txt/.md files")
+    s.add_argument("--out", required=True)
+    s.add_argument("--minutes", type=float, default=20.0)
+    s.add_argument("--hidden", type=int, default=192)
+    s.add_argument("--layers", type=int, default=2)
     return ap
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .demo import run
+    rows = run(Path(a.folder) if a.folder else None, a.max_new_tokens, a.num_draft_tokens, a.dtype)
+    return 0 if all(r["identical"] for r in rows) else 1
+
+
+def cmd_distill(a: argparse.Namespace) -> int:
+    from pathlib import Path
+    try:
+        from .train import distill
+    except ImportError as e:
+        raise ExactSpecError(f"distill needs the training extra: pip install 'exactspec[hf]' ({e})") from None
+    stats = distill(Path(a.target), Path(a.corpus), Path(a.out), a.minutes, a.hidden, a.layers)
+    print(json.dumps(stats, indent=2))
+    return 0
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
@@ -77,7 +108,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate}[a.cmd](a)
+        return {"generate": cmd_generate, "demo": cmd_demo, "distill": cmd_distill}[a.cmd](a)
     except ExactSpecError as e:
         print(f"exactspec: error: {e}", file=sys.stderr)
         return 2

@@ -31,6 +31,22 @@ class Stats:
     steps: int = 0  # verify steps (target forwards after prefill)
     prefill_time: float = 0.0
     wall_time: float = 0.0
+    proposed_at: list[int] = field(default_factory=list)  # [i]: steps that proposed a draft token at offset i
+    accepted_at: list[int] = field(default_factory=list)  # [i]: ... and had it accepted
+
+    def count_position(self, i: int, proposed: int, accepted: int) -> None:
+        while len(self.proposed_at) <= i:
+            self.proposed_at.append(0)
+            self.accepted_at.append(0)
+        self.proposed_at[i] += proposed
+        self.accepted_at[i] += accepted
+
+    def count_step(self, proposed: int, accepted: int) -> None:
+        self.steps += 1
+        self.proposed += proposed
+        self.accepted += accepted
+        for i in range(proposed):
+            self.count_position(i, 1, int(i < accepted))
 
     @property
     def acceptance_rate(self) -> float:
@@ -175,9 +191,7 @@ def decode(target: Transformer, prompts: list[list[int]], params: list[SamplingP
                 a += 1
             if drafter is not None:
                 drafter.accepted(s.slot, a)
-            s.stats.proposed += len(d)
-            s.stats.accepted += a
-            s.stats.steps += 1
+            s.stats.count_step(len(d), a)
             s.k = draft_len.update(s.k, len(d), a)
             _emit(s, _commit(s, d[:a] + [choice[a]], eos, capacity), on_token)
             cache.lengths[s.slot] = len(s.tokens) - 1
@@ -192,6 +206,8 @@ def decode(target: Transformer, prompts: list[list[int]], params: list[SamplingP
         total.new_tokens += s.stats.new_tokens
         total.proposed += s.stats.proposed
         total.accepted += s.stats.accepted
+        for i, (p, a) in enumerate(zip(s.stats.proposed_at, s.stats.accepted_at)):
+            total.count_position(i, p, a)
     total.draft_forward_passes = drafter.forward_passes if drafter is not None else 0
     for s in seqs:
         s.stats.draft_forward_passes = total.draft_forward_passes

@@ -82,8 +82,12 @@ def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeig
 
 
 @njit(inline="always")
-def _axpy4(a, x0, x1, x2, x3, w0, w1, w2, w3, nb):
-    # Four k-steps applied in order; vectorized over the nb output lanes.
+def _axpy4(a, x, k, w0, w1, w2, w3, nb):
+    # One row: four k-steps applied in order, vectorized over the nb output lanes.
+    x0 = x[k]
+    x1 = x[k + 1]
+    x2 = x[k + 2]
+    x3 = x[k + 3]
     for j in range(nb):
         s = a[j]
         s += x0 * w0[j]
@@ -91,6 +95,64 @@ def _axpy4(a, x0, x1, x2, x3, w0, w1, w2, w3, nb):
         s += x2 * w2[j]
         s += x3 * w3[j]
         a[j] = s
+
+
+@njit(inline="always")
+def _axpy4x4(a0, a1, a2, a3, x0, x1, x2, x3, k, w0, w1, w2, w3, nb):
+    # Four rows at once: the same per-row arithmetic as _axpy4 (so the same bits), but four
+    # independent add chains per lane vector and each weight vector loaded once for four rows.
+    p0, p1, p2, p3 = x0[k], x0[k + 1], x0[k + 2], x0[k + 3]
+    q0, q1, q2, q3 = x1[k], x1[k + 1], x1[k + 2], x1[k + 3]
+    r0, r1, r2, r3 = x2[k], x2[k + 1], x2[k + 2], x2[k + 3]
+    t0, t1, t2, t3 = x3[k], x3[k + 1], x3[k + 2], x3[k + 3]
+    for j in range(nb):
+        u0, u1, u2, u3 = w0[j], w1[j], w2[j], w3[j]
+        s = a0[j]
+        s += p0 * u0
+        s += p1 * u1
+        s += p2 * u2
+        s += p3 * u3
+        a0[j] = s
+        s = a1[j]
+        s += q0 * u0
+        s += q1 * u1
+        s += q2 * u2
+        s += q3 * u3
+        a1[j] = s
+        s = a2[j]
+        s += r0 * u0
+        s += r1 * u1
+        s += r2 * u2
+        s += r3 * u3
+        a2[j] = s
+        s = a3[j]
+        s += t0 * u0
+        s += t1 * u1
+        s += t2 * u2
+        s += t3 * u3
+        a3[j] = s
+
+
+@njit(inline="always")
+def _rows_step4(acc, x, m0, mc, k, w0, w1, w2, w3, nb):
+    # Apply k..k+3 to rows m0..m0+mc-1: groups of four rows, then the rest one by one.
+    m = 0
+    while m + 4 <= mc:
+        _axpy4x4(acc[m], acc[m + 1], acc[m + 2], acc[m + 3], x[m0 + m], x[m0 + m + 1], x[m0 + m + 2],
+                 x[m0 + m + 3], k, w0, w1, w2, w3, nb)
+        m += 4
+    while m < mc:
+        _axpy4(acc[m], x[m0 + m], k, w0, w1, w2, w3, nb)
+        m += 1
+
+
+@njit(inline="always")
+def _rows_step1(acc, x, m0, mc, k, w0, nb):
+    for m in range(mc):
+        xv = x[m0 + m, k]
+        a = acc[m]
+        for j in range(nb):
+            a[j] += xv * w0[j]
 
 
 @njit(inline="always")
@@ -118,17 +180,9 @@ def _linear_f32(x, w, bias, y):
             mc = min(MC, M - m0)
             acc[:] = 0.0
             for k in range(0, K4, 4):
-                for m in range(mc):
-                    xr = x[m0 + m]
-                    _axpy4(acc[m], xr[k], xr[k + 1], xr[k + 2], xr[k + 3],
-                           blk[k], blk[k + 1], blk[k + 2], blk[k + 3], nb)
+                _rows_step4(acc, x, m0, mc, k, blk[k], blk[k + 1], blk[k + 2], blk[k + 3], nb)
             for k in range(K4, K):
-                for m in range(mc):
-                    xv = x[m0 + m, k]
-                    a = acc[m]
-                    wr = blk[k]
-                    for j in range(nb):
-                        a[j] += xv * wr[j]
+                _rows_step1(acc, x, m0, mc, k, blk[k], nb)
             _store(y, acc, bias, m0, mc, n0, nb)
     return y
 
@@ -148,26 +202,18 @@ def _linear_bf16(x, w, bias, y):
         for m0 in range(0, M, MC):
             mc = min(MC, M - m0)
             acc[:] = 0.0
-            for k in range(0, K4, 4):
-                for r in range(4):
+            for k in range(0, K, 4):
+                r_n = min(4, K - k)
+                for r in range(r_n):
                     src = blk[k + r]
                     dst = bits[r]
                     for j in range(NB):
                         dst[j] = np.uint32(src[j]) << 16
-                for m in range(mc):
-                    xr = x[m0 + m]
-                    _axpy4(acc[m], xr[k], xr[k + 1], xr[k + 2], xr[k + 3], wf[0], wf[1], wf[2], wf[3], nb)
-            for k in range(K4, K):
-                src = blk[k]
-                dst = bits[0]
-                for j in range(NB):
-                    dst[j] = np.uint32(src[j]) << 16
-                for m in range(mc):
-                    xv = x[m0 + m, k]
-                    a = acc[m]
-                    w0 = wf[0]
-                    for j in range(nb):
-                        a[j] += xv * w0[j]
+                if r_n == 4:
+                    _rows_step4(acc, x, m0, mc, k, wf[0], wf[1], wf[2], wf[3], nb)
+                else:
+                    for r in range(r_n):
+                        _rows_step1(acc, x, m0, mc, k + r, wf[r], nb)
             _store(y, acc, bias, m0, mc, n0, nb)
     return y
 
@@ -196,16 +242,24 @@ def linear_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
 # RMSNorm over rows: y = x / sqrt(mean(x^2) + eps) * w. Sum of squares in index order.
 # ---------------------------------------------------------------------------------------------
 
-@njit(parallel=True, cache=True)
+@njit(inline="always")
+def _rms_row(x, w, eps, y):
+    # One row: y = w * (x * r), r = 1 / sqrt(sum(x^2) / H + eps), the sum in index order.
+    H = x.shape[0]
+    ss = np.float32(0.0)
+    for i in range(H):
+        ss += x[i] * x[i]
+    r = np.float32(1.0) / np.sqrt(ss / np.float32(H) + eps)
+    for i in range(H):
+        y[i] = w[i] * (x[i] * r)
+
+
+# Serial: a row is tiny work, and a thread-pool wake-up costs more than it. (Serial or parallel
+# compile the same source without fastmath, so the bits are the same either way.)
+@njit(cache=True)
 def _rmsnorm(x, w, eps, y):
-    M, H = x.shape
-    for m in prange(M):
-        ss = np.float32(0.0)
-        for i in range(H):
-            ss += x[m, i] * x[m, i]
-        r = np.float32(1.0) / np.sqrt(ss / np.float32(H) + eps)
-        for i in range(H):
-            y[m, i] = w[i] * (x[m, i] * r)
+    for m in range(x.shape[0]):
+        _rms_row(x[m], w, eps, y[m])
     return y
 
 
@@ -234,11 +288,11 @@ def rmsnorm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 # SwiGLU: gate_up (M, 2I) -> silu(gate) * up (M, I), one row at a time over the fixed width I.
 # ---------------------------------------------------------------------------------------------
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _silu_mul(gu, y):
     M, I2 = gu.shape
     half = I2 // 2
-    for m in prange(M):
+    for m in range(M):
         for i in range(half):
             g = gu[m, i]
             y[m, i] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * gu[m, half + i]
@@ -255,6 +309,59 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 def silu_mul_ref(gu: torch.Tensor) -> torch.Tensor:
     g, u = gu.chunk(2, dim=-1)
     return torch.nn.functional.silu(g) * u
+
+
+# ---------------------------------------------------------------------------------------------
+# After the qkv projection: optional per-head q/k RMSNorm (Qwen3), rotary embedding of q and k
+# from the position's table row, and the cache write of k and v. Elementwise mul/add only
+# (no FMA), the same arithmetic as transformers' `x * cos + rotate_half(x) * sin`.
+# ---------------------------------------------------------------------------------------------
+
+@njit(inline="always")
+def _rope_head(x, c, s, out):
+    half = x.shape[0] // 2
+    for i in range(half):
+        out[i] = x[i] * c[i] + (-x[half + i]) * s[i]
+        out[half + i] = x[half + i] * c[half + i] + x[i] * s[half + i]
+
+
+@njit(cache=True)
+def _qkv_rope_cache(qkv, Hq, Hkv, D, q_norm, k_norm, eps, cos, sin, slot, pos, kt, v, q_out):
+    tmp = np.empty(D, np.float32)
+    kr = np.empty(D, np.float32)
+    for r in range(qkv.shape[0]):
+        p = pos[r]
+        c = cos[p]
+        sn = sin[p]
+        row = qkv[r]
+        for h in range(Hq):
+            x = row[h * D:(h + 1) * D]
+            if q_norm.shape[0] > 0:
+                _rms_row(x, q_norm, eps, tmp)
+                x = tmp
+            _rope_head(x, c, sn, q_out[r, h])
+        for g in range(Hkv):
+            x = row[(Hq + g) * D:(Hq + g + 1) * D]
+            if k_norm.shape[0] > 0:
+                _rms_row(x, k_norm, eps, tmp)
+                x = tmp
+            _rope_head(x, c, sn, kr)
+            for d in range(D):
+                kt[slot[r], g, d, p] = kr[d]
+            v[slot[r], g, p, :] = row[(Hq + Hkv + g) * D:(Hq + Hkv + g + 1) * D]
+    return q_out
+
+
+def qkv_rope_cache(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int, q_norm: np.ndarray,
+                   k_norm: np.ndarray, eps: float, cos: torch.Tensor, sin: torch.Tensor, slot: torch.Tensor,
+                   pos: torch.Tensor, kt: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """qkv (R, (Hq + 2 Hkv) D) -> rotated q (R, Hq, D); writes rotated k and v into kt (S, Hkv, D, C)
+    and v (S, Hkv, C, D) at (slot, pos). q_norm / k_norm: (D,) weights or empty arrays."""
+    q = torch.empty(qkv.shape[0], n_heads, head_dim)
+    if qkv.shape[0]:
+        _qkv_rope_cache(qkv.contiguous().numpy(), n_heads, n_kv, head_dim, q_norm, k_norm, np.float32(eps),
+                        cos.numpy(), sin.numpy(), slot.numpy(), pos.numpy(), kt.numpy(), v.numpy(), q.numpy())
+    return q
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import torch
 from . import kernels as K
 from .cache import KVCache
 from .config import ModelConfig
-from .errors import UnsupportedModelError
+from .errors import ContextLengthError, UnsupportedModelError
 from .weights import TensorStore
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -27,8 +27,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 class Layer:
     attn_norm: np.ndarray  # (H,) float32
     wqkv: K.PackedWeight  # (Hq*D + 2*Hkv*D, H): q, k, v rows stacked
-    q_norm: np.ndarray | None  # (D,) Qwen3
-    k_norm: np.ndarray | None
+    q_norm: np.ndarray  # (D,) Qwen3, else empty
+    k_norm: np.ndarray
     wo: K.PackedWeight  # (H, Hq*D)
     mlp_norm: np.ndarray
     w_gate_up: K.PackedWeight  # (2I, H): gate rows then up rows
@@ -51,13 +51,6 @@ def inv_freq(cfg: ModelConfig) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / s["factor"] + smooth * scaled
     medium = ~(wl < high_wl) * ~(wl > low_wl)
     return torch.where(medium, smoothed, scaled)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x (R, H, D); cos/sin (R, 1, D). Elementwise correctly rounded ops only.
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rot * sin
 
 
 class Transformer:
@@ -98,8 +91,8 @@ class Transformer:
             self.layers.append(Layer(
                 attn_norm=norm(p + "input_layernorm.weight", H),
                 wqkv=K.pack_weight(qkv, qkv_b),
-                q_norm=norm(a + "q_norm.weight", D) if cfg.qk_norm else None,
-                k_norm=norm(a + "k_norm.weight", D) if cfg.qk_norm else None,
+                q_norm=norm(a + "q_norm.weight", D) if cfg.qk_norm else np.empty(0, np.float32),
+                k_norm=norm(a + "k_norm.weight", D) if cfg.qk_norm else np.empty(0, np.float32),
                 wo=K.pack_weight(store.get(a + "o_proj.weight", (H, Hq * D), wd),
                                  bias(a + "o_proj.bias", H, cfg.o_bias)),
                 mlp_norm=norm(p + "post_attention_layernorm.weight", H),
@@ -129,20 +122,18 @@ class Transformer:
         """
         c = self.cfg
         R, D, Hq, Hkv = tokens.shape[0], c.head_dim, c.n_heads, c.n_kv_heads
+        if R and (int(pos.max()) >= cache.capacity or int(pos.min()) < 0 or int(slot.max()) >= len(cache.lengths)):
+            # the kernels index raw memory: never let a bad position or slot reach them
+            raise ContextLengthError(f"forward: positions {int(pos.min())}..{int(pos.max())} / slots up to "
+                                     f"{int(slot.max())} do not fit the cache ({cache.capacity} positions, "
+                                     f"{len(cache.lengths)} slots)")
         x = self.embed[tokens].float()  # (R, H)
-        cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]  # (R, 1, D)
         window = c.sliding_window or 0
         for i, L in enumerate(self.layers):
             h = K.rmsnorm(x, L.attn_norm, c.rms_norm_eps)
             qkv = K.linear(h, L.wqkv)  # (R, (Hq + 2 Hkv) D)
-            q = qkv[:, : Hq * D].reshape(R, Hq, D)
-            k = qkv[:, Hq * D: (Hq + Hkv) * D].reshape(R, Hkv, D)
-            v = qkv[:, (Hq + Hkv) * D:].reshape(R, Hkv, D)
-            if L.q_norm is not None:
-                q = K.rmsnorm(q.reshape(R * Hq, D), L.q_norm, c.rms_norm_eps).view(R, Hq, D)
-                k = K.rmsnorm(k.reshape(R * Hkv, D), L.k_norm, c.rms_norm_eps).view(R, Hkv, D)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-            cache.write(i, slot, pos, k, v)
+            q = K.qkv_rope_cache(qkv, Hq, Hkv, D, L.q_norm, L.k_norm, c.rms_norm_eps, self.cos, self.sin,
+                                 slot, pos, cache.k[i], cache.v[i])  # (R, Hq, D); k, v now in the cache
             a = K.attention(q, cache.k[i], cache.v[i], slot, pos, self.scale, window)  # (R, Hq, D)
             x = x + K.linear(a.reshape(R, Hq * D), L.wo)
             h = K.rmsnorm(x, L.mlp_norm, c.rms_norm_eps)

@@ -144,3 +144,27 @@ def test_rope_table_entries_do_not_depend_on_length():
     assert torch.equal(c1, c2[:37]) and torch.equal(s1, s2[:37])
     p = torch.arange(100).float()[:, None] * f
     assert torch.allclose(c2[:, :8], p.cos(), atol=1e-6)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_qkv_rope_cache_matches_torch_rotate_half_bitwise(qk_norm):
+    torch.manual_seed(2)
+    R, Hq, Hkv, D, C = 5, 4, 2, 8, 20
+    qkv = torch.randn(R, (Hq + 2 * Hkv) * D)
+    cos, sin = K.rope_table(torch.rand(D // 2), C)
+    pos, slot = torch.tensor([0, 3, 4, 9, 19]), torch.tensor([1, 0, 1, 1, 0])
+    qn, kn = (torch.rand(D) + 0.5, torch.rand(D) + 0.5) if qk_norm else (torch.empty(0), torch.empty(0))
+    kt, v = torch.zeros(2, Hkv, D, C), torch.zeros(2, Hkv, C, D)
+    q = K.qkv_rope_cache(qkv, Hq, Hkv, D, qn.numpy(), kn.numpy(), 1e-6, cos, sin, slot, pos, kt, v)
+
+    def rot(x):  # transformers' apply_rotary_pos_emb
+        c, s = cos[pos][:, None], sin[pos][:, None]
+        return x * c + torch.cat((-x[..., D // 2:], x[..., :D // 2]), -1) * s
+    qr, kr, vr = qkv[:, :Hq * D].view(R, Hq, D), qkv[:, Hq * D:(Hq + Hkv) * D].view(R, Hkv, D), qkv[:, (Hq + Hkv) * D:]
+    if qk_norm:
+        qr = K.rmsnorm_ref(qr.reshape(-1, D), qn, 1e-6).view(R, Hq, D)
+        kr = K.rmsnorm_ref(kr.reshape(-1, D), kn, 1e-6).view(R, Hkv, D)
+    assert torch.equal(q, rot(qr))
+    for r in range(R):
+        assert torch.equal(kt[slot[r], :, :, pos[r]], rot(kr)[r])
+        assert torch.equal(v[slot[r], :, pos[r]], vr[r].view(Hkv, D))

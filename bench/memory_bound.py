@@ -1,0 +1,101 @@
+"""A memory-bound model: random weights in Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads,
+2 KV heads, intermediate 4864, vocabulary 32000), built here, saved as a real checkpoint.
+
+    python bench/memory_bound.py [--dtype bfloat16] [--tokens 32]
+
+Prints, in one run: our greedy tokens/s vs transformers' greedy tokens/s; the verify cost
+time(forward of 8 tokens) / time(forward of 1 token) on a warm cache; bytes read per token
+(weights + KV cache) against the measured read bandwidth, i.e. the fraction of the
+memory-bandwidth limit reached.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import exactspec
+from exactspec import kernels as K
+
+
+def read_bandwidth() -> float:
+    x = torch.ones(256 * 1024 * 1024)
+    x.sum()
+    return x.numel() * 4 / min(_timed(x.sum) for _ in range(5))
+
+
+def _timed(f) -> float:
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
+
+
+def build(folder: Path, dtype: torch.dtype) -> None:
+    import transformers as tf
+    cfg = tf.Qwen2Config(vocab_size=32000, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+                         tie_word_embeddings=True, eos_token_id=1, bos_token_id=0)
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        model = tf.Qwen2ForCausalLM(cfg).to(dtype).eval()
+    model.save_pretrained(folder)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    K.set_num_threads(a.threads)
+    tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[a.dtype]
+    bw = read_bandwidth()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        build(folder, tdt)
+        model = exactspec.load(folder, dtype=a.dtype, max_context=1024)
+        prompt = list(range(100, 164))
+        model.generate(prompt, 2, ignore_eos=True)
+        r = model.generate(prompt, a.tokens, ignore_eos=True)
+        ours = (len(r.token_ids) - 1) / (r.stats.wall_time - r.stats.prefill_time)
+
+        import transformers as tf
+        hf = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=tdt).eval()
+        with torch.no_grad():
+            ids = torch.tensor([prompt])
+            hf.generate(ids, max_new_tokens=2, do_sample=False, min_new_tokens=2)
+            t = time.perf_counter()
+            g = hf.generate(ids, max_new_tokens=a.tokens, min_new_tokens=a.tokens, do_sample=False)
+            hf_tps = (g.shape[1] - ids.shape[1]) / (time.perf_counter() - t)
+
+        # verify cost: forward of 1 vs 8 new rows on top of a 64-token cache
+        net = model.net
+        cache = net.new_cache(1, 128)
+        n = len(prompt)
+        net.forward(torch.tensor(prompt), torch.zeros(n, dtype=torch.long), torch.arange(n), cache)
+        times = {}
+        for m in (1, 8):
+            ts = [_timed(lambda: net.forward(torch.tensor(prompt[:m]), torch.zeros(m, dtype=torch.long),
+                                             torch.arange(n, n + m), cache)) for _ in range(7)]
+            times[m] = statistics.median(ts)
+
+        wbytes = sum(p.data.nbytes for L in net.layers for p in (L.wqkv, L.wo, L.w_gate_up, L.w_down))
+        wbytes += net.lm_head.data.nbytes
+        kv = 2 * net.cfg.n_layers * net.cfg.n_kv_heads * net.cfg.head_dim * 4 * (n + a.tokens // 2)
+        per_token = wbytes + kv
+        limit = bw / per_token
+    print(f"model: Qwen2.5-0.5B shape, random weights, {a.dtype}; {a.threads} threads")
+    print(f"our greedy          {ours:7.2f} tok/s")
+    print(f"transformers greedy {hf_tps:7.2f} tok/s   ours/HF = {ours / hf_tps:.2f}x")
+    print(f"verify cost: forward(8 tokens) {times[8] * 1e3:.1f} ms / forward(1 token) {times[1] * 1e3:.1f} ms "
+          f"= {times[8] / times[1]:.2f}")
+    print(f"bytes read per token: {per_token / 1e6:.0f} MB (weights {wbytes / 1e6:.0f} MB + KV {kv / 1e6:.1f} MB); "
+          f"read bandwidth {bw / 1e9:.1f} GB/s -> limit {limit:.1f} tok/s; ours reaches {ours / limit:.0%}")
+
+
+if __name__ == "__main__":
+    main()
