@@ -94,25 +94,25 @@ class Sequence:
     prompt_len: int
     params: SamplingParams
     max_new: int
+    eos: frozenset[int] = frozenset()
     k: int = 0
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "stop" (EOS) | "length" | "cancelled"
+    prefilled: bool = False
     stats: Stats = field(default_factory=Stats)
+    tag: object = None  # the caller's handle (request, prompt index)
 
     @property
     def generated(self) -> list[int]:
         return self.tokens[self.prompt_len:]
 
 
-OnToken = Callable[[int, list[int]], None]  # (sequence index, new token ids)
-
-
-def _commit(seq: Sequence, new: list[int], eos: set[int], capacity: int) -> list[int]:
+def _commit(seq: Sequence, new: list[int], capacity: int) -> list[int]:
     """Append tokens until a stop; returns the ones appended."""
     kept = []
     for t in new:
         seq.tokens.append(t)
         kept.append(t)
-        if t in eos:
+        if t in seq.eos:
             seq.finish_reason = "stop"
         elif len(seq.tokens) - seq.prompt_len >= seq.max_new:
             seq.finish_reason = "length"
@@ -123,97 +123,155 @@ def _commit(seq: Sequence, new: list[int], eos: set[int], capacity: int) -> list
     return kept
 
 
-def decode(target: Transformer, prompts: list[list[int]], params: list[SamplingParams], max_new_tokens: int,
-           eos: set[int], drafter: Drafter | None = None, draft_len: DraftLength | None = None,
-           on_token: OnToken | None = None) -> tuple[list[Sequence], Stats]:
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise InvalidArgumentError(f"max_new_tokens={max_new_tokens!r}: must be an integer >= 0")
-    draft_len = draft_len or DraftLength(0)
-    ctx = target.max_context
-    for i, p in enumerate(prompts):
-        if not p:
-            raise InvalidArgumentError(f"prompt {i} is empty: at least one token is needed")
-        if len(p) >= ctx:
-            raise ContextLengthError(f"prompt {i} has {len(p)} tokens; the model's context (max_context) is {ctx}")
-        bad = [t for t in p if not (0 <= t < target.cfg.vocab_size)]
+class Batch:
+    """Sequences decoded together, one target forward per `step`. Sequences join (`add`) and
+    leave (finish, `cancel`) between steps: continuous batching. A step feeds the whole prompt
+    of each newly added sequence and [last token] + drafts of each running one, in one forward;
+    thanks to batch invariance no sequence's tokens depend on what else is in the batch."""
+
+    def __init__(self, target: Transformer, n_slots: int, capacity: int, drafter: Drafter | None = None,
+                 draft_len: DraftLength | None = None):
+        self.target, self.drafter = target, drafter
+        self.draft_len = draft_len or DraftLength(0)
+        self.capacity = min(capacity, target.max_context)
+        self.cache = target.new_cache(n_slots, self.capacity)
+        self.free = list(range(n_slots - 1, -1, -1))
+        self.seqs: list[Sequence] = []
+        self.forward_passes = 0
+        if drafter is not None:
+            drafter.begin(n_slots, self.capacity)
+
+    def check_prompt(self, prompt: list[int], name: str = "prompt") -> None:
+        if not prompt:
+            raise InvalidArgumentError(f"{name} is empty: at least one token is needed")
+        if len(prompt) >= self.capacity:
+            raise ContextLengthError(f"{name} has {len(prompt)} tokens; the model's context (max_context) "
+                                     f"is {self.capacity}")
+        V = self.target.cfg.vocab_size
+        bad = [t for t in prompt if not (0 <= t < V)]
         if bad:
-            raise InvalidArgumentError(f"prompt {i}: token id {bad[0]} outside the vocabulary [0, {target.cfg.vocab_size})")
-    t0 = time.perf_counter()
-    capacity = min(ctx, max(len(p) for p in prompts) + max_new_tokens + draft_len.max_k + 1)
-    cache = target.new_cache(len(prompts), capacity)
-    seqs = [Sequence(i, list(p), len(p), params[i], max_new_tokens, draft_len.k0) for i, p in enumerate(prompts)]
-    total = Stats(prompt_tokens=sum(len(p) for p in prompts))
-    if drafter is not None:
-        drafter.begin(len(prompts), capacity)
+            raise InvalidArgumentError(f"{name}: token id {bad[0]} outside the vocabulary [0, {V})")
 
-    # Prefill: every prompt in one forward; logits only at each prompt's last row.
-    tok, slot, pos, last = [], [], [], []
-    for s in seqs:
-        tok += s.tokens
-        slot += [s.slot] * len(s.tokens)
-        pos += range(len(s.tokens))
-        last.append(len(tok) - 1)
-    live = [s for s in seqs if s.max_new > 0]
-    if live:
-        logits = target.forward(torch.tensor(tok), torch.tensor(slot), torch.tensor(pos), cache, torch.tensor(last))
-        total.forward_passes += 1
-        for s in live:
-            t = pick(logits[s.slot], s.params, len(s.tokens), s.tokens)
-            _emit(s, _commit(s, [t], eos, capacity), on_token)
-    for s in seqs:
-        if s.max_new == 0:
+    def add(self, prompt: list[int], params: SamplingParams, max_new: int, eos: set[int] | frozenset = frozenset(),
+            tag: object = None) -> Sequence:
+        if not isinstance(max_new, int) or max_new < 0:
+            raise InvalidArgumentError(f"max_new_tokens={max_new!r}: must be an integer >= 0")
+        self.check_prompt(prompt)
+        if not self.free:
+            raise RuntimeError("Batch.add: no free slot")
+        s = Sequence(self.free.pop(), list(prompt), len(prompt), params, max_new, frozenset(eos), self.draft_len.k0,
+                     tag=tag)
+        if max_new == 0:
             s.finish_reason = "length"
-    total.prefill_time = time.perf_counter() - t0
+        self.seqs.append(s)
+        return s
 
-    while live := [s for s in seqs if s.finish_reason is None]:
+    def cancel(self, s: Sequence) -> None:
+        if s.finish_reason is None:
+            s.finish_reason = "cancelled"
+        self._release()
+
+    @property
+    def running(self) -> list[Sequence]:
+        return [s for s in self.seqs if s.finish_reason is None]
+
+    def _release(self) -> None:
+        for s in [s for s in self.seqs if s.finish_reason is not None]:
+            self.seqs.remove(s)
+            self.free.append(s.slot)
+            if self.drafter is not None:
+                self.drafter.release(s.slot)
+
+    def step(self) -> list[tuple[Sequence, list[int]]]:
+        """One target forward. Returns (sequence, tokens it committed) for each; sequences that
+        finished (see `finish_reason`) have left the batch when it returns."""
+        live = self.running
+        if not live:
+            return []
+        t0 = time.perf_counter()
+        new = [s for s in live if not s.prefilled]
+        old = [s for s in live if s.prefilled]
         # Never draft past the token budget or the cache: the verify yields up to k + 1 tokens.
-        ks = [max(0, min(s.k, s.max_new - len(s.generated) - 1, capacity - len(s.tokens) - 1)) for s in live]
-        drafts = [[] for _ in live]
-        if drafter is not None and any(ks):
-            drafts = drafter.propose([s.slot for s in live], [s.tokens for s in live], ks, [s.params for s in live])
-        tok, slot, pos = [], [], []
-        for s, d in zip(live, drafts):
+        ks = [max(0, min(s.k, s.max_new - len(s.generated) - 1, self.capacity - len(s.tokens) - 1)) for s in old]
+        drafts: list[list[int]] = [[] for _ in old]
+        if self.drafter is not None and any(ks):
+            drafts = self.drafter.propose([s.slot for s in old], [s.tokens for s in old], ks, [s.params for s in old])
+        tok, slot, pos, rows = [], [], [], []
+        for s in new:  # the whole prompt; only its last row's logits are needed
             n = len(s.tokens)
+            tok += s.tokens
+            slot += [s.slot] * n
+            pos += range(n)
+            rows.append(len(tok) - 1)
+        for s, d in zip(old, drafts):  # [last token] + drafts at positions len-1, len, ...
+            n = len(s.tokens)
+            rows += range(len(tok), len(tok) + len(d) + 1)
             tok += [s.tokens[-1]] + d
             slot += [s.slot] * (len(d) + 1)
             pos += range(n - 1, n + len(d))
-        logits = target.forward(torch.tensor(tok), torch.tensor(slot), torch.tensor(pos), cache)
-        total.forward_passes += 1
-        total.steps += 1
-        r = 0
-        for s, d in zip(live, drafts):
-            rows = logits[r: r + len(d) + 1]
-            r += len(d) + 1
+        logits = self.target.forward(torch.tensor(tok), torch.tensor(slot), torch.tensor(pos), self.cache,
+                                     torch.tensor(rows))
+        self.forward_passes += 1
+        out = []
+        for i, s in enumerate(new):
+            s.prefilled = True
+            s.stats.prefill_time = time.perf_counter() - t0
+            t = pick(logits[i], s.params, len(s.tokens), s.tokens)
+            out.append((s, _commit(s, [t], self.capacity)))
+        r = len(new)
+        for s, d in zip(old, drafts):
             n = len(s.tokens)
-            choice = pick_rows(rows, s.params, range(n, n + len(d) + 1), s.tokens, d)
+            choice = pick_rows(logits[r: r + len(d) + 1], s.params, range(n, n + len(d) + 1), s.tokens, d)
+            r += len(d) + 1
             a = 0
             while a < len(d) and d[a] == choice[a]:
                 a += 1
-            if drafter is not None:
-                drafter.accepted(s.slot, a)
+            if self.drafter is not None:
+                self.drafter.accepted(s.slot, a)
             s.stats.count_step(len(d), a)
-            s.k = draft_len.update(s.k, len(d), a)
-            _emit(s, _commit(s, d[:a] + [choice[a]], eos, capacity), on_token)
-            cache.lengths[s.slot] = len(s.tokens) - 1
+            s.k = self.draft_len.update(s.k, len(d), a)
+            out.append((s, _commit(s, d[:a] + [choice[a]], self.capacity)))
+            self.cache.lengths[s.slot] = len(s.tokens) - 1
+        for s in live:
+            s.stats.forward_passes += 1
+        self._release()  # finished sequences leave now; their slots take the next arrivals
+        return out
 
+
+OnToken = Callable[[int, list[int]], None]  # (prompt index, new token ids)
+
+
+def decode(target: Transformer, prompts: list[list[int]], params: list[SamplingParams], max_new_tokens: int,
+           eos: set[int], drafter: Drafter | None = None, draft_len: DraftLength | None = None,
+           on_token: OnToken | None = None) -> tuple[list[Sequence], Stats]:
+    """Decode a fixed batch to the end: all prompts join at once, the loop steps until none runs."""
+    draft_len = draft_len or DraftLength(0)
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise InvalidArgumentError(f"max_new_tokens={max_new_tokens!r}: must be an integer >= 0")
+    t0 = time.perf_counter()
+    capacity = min(target.max_context, max((len(p) for p in prompts), default=1) + max_new_tokens
+                   + draft_len.max_k + 1)
+    batch = Batch(target, len(prompts), capacity, drafter, draft_len)
+    for i, p in enumerate(prompts):
+        batch.check_prompt(p, f"prompt {i}")
+    seqs = [batch.add(p, params[i], max_new_tokens, eos, tag=i) for i, p in enumerate(prompts)]
+    total = Stats(prompt_tokens=sum(len(p) for p in prompts))
+    while batch.running:
+        for s, new in batch.step():
+            if on_token is not None and new:
+                on_token(s.tag, new)
     total.wall_time = time.perf_counter() - t0
+    total.forward_passes = batch.forward_passes
+    total.draft_forward_passes = drafter.forward_passes if drafter is not None else 0
     for s in seqs:
         s.stats.new_tokens = len(s.generated)
         s.stats.prompt_tokens = s.prompt_len
-        s.stats.forward_passes = s.stats.steps + (1 if s.max_new > 0 else 0)
         s.stats.wall_time = total.wall_time
-        s.stats.prefill_time = total.prefill_time
+        s.stats.draft_forward_passes = total.draft_forward_passes
         total.new_tokens += s.stats.new_tokens
-        total.proposed += s.stats.proposed
-        total.accepted += s.stats.accepted
+        total.steps += s.stats.steps
         for i, (p, a) in enumerate(zip(s.stats.proposed_at, s.stats.accepted_at)):
             total.count_position(i, p, a)
-    total.draft_forward_passes = drafter.forward_passes if drafter is not None else 0
-    for s in seqs:
-        s.stats.draft_forward_passes = total.draft_forward_passes
+        total.proposed += s.stats.proposed
+        total.accepted += s.stats.accepted
     return seqs, total
-
-
-def _emit(s: Sequence, new: list[int], on_token: OnToken | None) -> None:
-    if on_token is not None and new:
-        on_token(s.slot, new)

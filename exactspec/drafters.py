@@ -4,6 +4,7 @@ Protocol (knows only token ids and slots):
   begin(n_slots, capacity)                 a new batch of sequences, one slot each
   propose(slots, seqs, ks, params) -> list of up to ks[i] draft tokens for seqs[i]
   accepted(slot, n)                        n of the last proposal were accepted
+  release(slot)                            the slot's sequence left; the slot may get a new one
 A drafter may return fewer tokens than asked (the lookup found nothing; low confidence).
 """
 from __future__ import annotations
@@ -29,6 +30,8 @@ class Drafter(Protocol):
 
     def accepted(self, slot: int, n: int) -> None: ...
 
+    def release(self, slot: int) -> None: ...
+
 
 class LookupDrafter:
     """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens
@@ -44,6 +47,9 @@ class LookupDrafter:
         pass
 
     def accepted(self, slot: int, n: int) -> None:
+        pass
+
+    def release(self, slot: int) -> None:
         pass
 
     def propose(self, slots, seqs, ks, params) -> list[list[int]]:
@@ -85,6 +91,10 @@ class DraftModelDrafter:
 
     def accepted(self, slot: int, n: int) -> None:
         pass  # rollback happens lazily in propose, by common prefix
+
+    def release(self, slot: int) -> None:
+        self.cached[slot].clear()
+        self.known[slot] = 0
 
     def propose(self, slots, seqs, ks, params) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in seqs]

@@ -9,7 +9,7 @@ import exactspec
 from exactspec.demo import demo_folder, run
 
 
-@pytest.mark.skipif(not (demo_folder() / "target").is_dir(), reason="demo pair not trained yet")
+@pytest.mark.skipif(not (demo_folder() / "draft" / "config.json").is_file(), reason="demo pair not trained yet")
 def test_demo_pair_loads_and_speculative_output_is_identical():
     buf = io.StringIO()
     rows = run(max_new_tokens=24, out=buf)

@@ -1,0 +1,52 @@
+"""Continuous batching: sequences join and leave between steps; nobody's tokens change."""
+import pytest
+
+import exactspec
+from exactspec.decode import Batch, DraftLength
+from exactspec.drafters import DraftModelDrafter, LookupDrafter
+from exactspec.sampling import SamplingParams
+
+
+@pytest.mark.parametrize("drafter_kind", ["none", "model", "lookup"])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_join_leave_and_slot_reuse_do_not_change_tokens(ckpt, drafter_kind, temperature):
+    target = exactspec.load(ckpt("qwen3"))
+    draft = exactspec.load(ckpt("llama", seed=7, layers=1, hidden=32))
+    params = SamplingParams(temperature, seed=11)
+    prompts = {"A": [5, 6, 7, 8], "B": list(range(30, 70)), "C": [9, 9, 9], "D": [100, 101]}
+    kw = dict(temperature=temperature, seed=11, ignore_eos=True)
+    alone = {k: target.generate(p, 40, **kw).token_ids for k, p in prompts.items()}
+
+    drafter = {"none": None, "model": DraftModelDrafter(draft.net), "lookup": LookupDrafter()}[drafter_kind]
+    b = Batch(target.net, n_slots=2, capacity=128, drafter=drafter,
+              draft_len=DraftLength(3 if drafter is not None else 0))
+    got = {}
+    seqs = {"A": b.add(prompts["A"], params, 40, tag="A")}
+    for _ in range(5):
+        b.step()
+    seqs["B"] = b.add(prompts["B"], params, 40, tag="B")  # joins while A runs: prefill beside A's verify
+    for _ in range(3):
+        b.step()
+    b.cancel(seqs["A"])  # leaves early; its slot is reused by C
+    got["A"] = seqs["A"].generated
+    seqs["C"] = b.add(prompts["C"], params, 40, tag="C")
+    assert seqs["C"].slot == seqs["A"].slot
+    while b.running:
+        b.step()
+        if seqs["B"].finish_reason and "D" not in seqs:
+            seqs["D"] = b.add(prompts["D"], params, 40, tag="D")
+    for k in "BCD":
+        got[k] = seqs[k].generated
+        assert seqs[k].finish_reason == "length"
+    assert seqs["A"].finish_reason == "cancelled"
+    assert got["A"] == alone["A"][: len(got["A"])] and len(got["A"]) >= 5
+    for k in "BCD":
+        assert got[k] == alone[k], k
+
+
+def test_full_batch_refuses_another(ckpt):
+    target = exactspec.load(ckpt("llama"))
+    b = Batch(target.net, n_slots=1, capacity=32)
+    b.add([1, 2], SamplingParams(), 4)
+    with pytest.raises(RuntimeError, match="no free slot"):
+        b.add([3], SamplingParams(), 4)
