@@ -83,7 +83,7 @@ class Model:
             raise InvalidArgumentError(f"seed: {len(seeds)} seeds for {len(ids)} prompts")
         params = [SamplingParams(float(temperature), top_k, float(top_p), float(min_p), float(repetition_penalty), s)
                   for s in seeds]
-        drafter = self._drafter(draft, draft_confidence, lookup_max_ngram)
+        drafter = self.make_drafter(draft, draft_confidence, lookup_max_ngram)
         dl = DraftLength(num_draft_tokens if drafter is not None else 0)
         streams = [StreamDecoder(self.tokenizer) for _ in ids] if on_text and self.tokenizer else None
         cb = None
@@ -100,7 +100,7 @@ class Model:
                     on_text(i, piece)
         return [GenerationResult(s.generated, self.decode(s.generated), s.finish_reason, s.stats) for s in seqs]
 
-    def _drafter(self, draft, confidence: float, max_ngram: int) -> Drafter | None:
+    def make_drafter(self, draft, confidence: float = 0.0, max_ngram: int = 3) -> Drafter | None:
         if draft is None:
             return None
         if isinstance(draft, str):

@@ -37,6 +37,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--threads", type=int, default=None, help="kernel threads (output does not depend on it)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    v = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
+    v.add_argument("--model", required=True)
+    v.add_argument("--name", default=None, help="model id clients use (default: the folder name)")
+    v.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    v.add_argument("--draft", default=None, help="draft checkpoint folder, or 'lookup'")
+    v.add_argument("--num-draft-tokens", type=_draft_len, default=4)
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
+    v.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
+    v.add_argument("--max-context", type=int, default=None)
+    v.add_argument("--threads", type=int, default=None)
     d = sub.add_parser("demo", help="the shipped demo pair: plain vs speculative decoding, identity checked")
     d.add_argument("--max-new-tokens", type=int, default=128)
     d.add_argument("--num-draft-tokens", type=_draft_len, default=5)
@@ -50,6 +62,29 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--hidden", type=int, default=192)
     s.add_argument("--layers", type=int, default=2)
     return ap
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import load, set_num_threads
+    from .drafters import LookupDrafter
+    from .server import serve
+    if a.threads is not None:
+        set_num_threads(a.threads)
+    if a.max_batch < 1 or a.max_queue < 0:
+        raise ExactSpecError(f"--max-batch {a.max_batch} / --max-queue {a.max_queue}: need >= 1 / >= 0")
+    model = load(a.model, dtype=a.dtype, max_context=a.max_context)
+    drafter = None
+    if a.draft == "lookup":
+        drafter = LookupDrafter()
+    elif a.draft is not None:
+        draft = load(a.draft, dtype=a.dtype, max_context=model.net.max_context)
+        drafter = model.make_drafter(draft)
+    print(f"exactspec: serving {a.model} on http://{a.host}:{a.port}/v1", file=sys.stderr, flush=True)
+    serve(model, a.name or Path(a.model).resolve().name, a.host, a.port, drafter, a.num_draft_tokens,
+          a.max_batch, a.max_queue)
+    return 0
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
@@ -108,7 +143,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "demo": cmd_demo, "distill": cmd_distill}[a.cmd](a)
+        return {"generate": cmd_generate, "serve": cmd_serve, "demo": cmd_demo, "distill": cmd_distill}[a.cmd](a)
     except ExactSpecError as e:
         print(f"exactspec: error: {e}", file=sys.stderr)
         return 2

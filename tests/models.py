@@ -9,12 +9,15 @@ torch's F.linear diverges between plain and speculative decoding). Ours must not
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
 
 VOCAB = 320
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 
 CORPUS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
@@ -33,6 +36,8 @@ def make_tokenizer(folder: Path, vocab_size: int = VOCAB) -> None:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(CORPUS * 20, trainer)
     tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "bos_token": "<s>",
+                                                              "chat_template": CHAT_TEMPLATE}))
 
 
 def config_for(arch: str, layers: int = 2, hidden: int = 64, seed_vocab: int = VOCAB, **kw):

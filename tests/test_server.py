@@ -1,0 +1,206 @@
+"""The real server on a loopback port, driven by the official `openai` client and raw HTTP."""
+import concurrent.futures as cf
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+import exactspec
+from exactspec import chat
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Running:
+    def __init__(self, folder, *extra):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "exactspec.cli", "serve", "--model", str(folder),
+                                      "--port", str(self.port), "--name", "tiny", *extra],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("server exited: " + self.proc.stdout.read())
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            raise RuntimeError("server did not start")
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def folder(ckpt):
+    return ckpt("qwen2")
+
+
+@pytest.fixture(scope="module")
+def server(folder):
+    s = Running(folder, "--draft", "lookup", "--num-draft-tokens", "3", "--max-batch", "4")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def model(folder):
+    return exactspec.load(folder)
+
+
+def test_models_and_health(server):
+    assert [m.id for m in server.client.models.list().data] == ["tiny"]
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+
+
+def test_completion_equals_library_generate(server, model):
+    r = server.client.completions.create(model="tiny", prompt="def fibonacci(n):", max_tokens=40, temperature=0)
+    want = model.generate("def fibonacci(n):", 40)
+    assert r.choices[0].text == want.text
+    assert r.usage.completion_tokens == len(want.token_ids)
+    assert r.usage.prompt_tokens == len(model.encode("def fibonacci(n):"))
+    assert r.choices[0].finish_reason == ("length" if want.finish_reason == "length" else "stop")
+
+
+def test_streaming_equals_non_streaming_with_seed(server):
+    kw = dict(model="tiny", prompt="import os", max_tokens=50, temperature=0.9, top_p=0.95, seed=17)
+    whole = server.client.completions.create(**kw).choices[0].text
+    chunks = list(server.client.completions.create(stream=True, **kw))
+    assert "".join(c.choices[0].text for c in chunks) == whole
+    assert chunks[-1].choices[0].finish_reason in ("length", "stop")
+    other = server.client.completions.create(**{**kw, "seed": 18}).choices[0].text
+    assert other != whole
+
+
+def test_chat_template_and_chat_streaming(server, model):
+    msgs = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "class Stack:"}]
+    r = server.client.chat.completions.create(model="tiny", messages=msgs, max_tokens=30, temperature=0)
+    text = chat.render(model.tokenizer.config, msgs)
+    assert text.endswith("<|assistant|>\n")
+    want = model.generate(model.tokenizer.encode(text, add_special_tokens=False), 30)
+    assert r.choices[0].message.content == want.text and r.choices[0].message.role == "assistant"
+    stream = server.client.chat.completions.create(model="tiny", messages=msgs, max_tokens=30, temperature=0,
+                                                   stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
+    assert chunks[-1].usage.completion_tokens == len(want.token_ids)
+
+
+def test_stop_strings(server, model):
+    full = model.generate("def fibonacci(n):", 60).text
+    stop = full[10:13]
+    cut = full[: full.index(stop)]
+    r = server.client.completions.create(model="tiny", prompt="def fibonacci(n):", max_tokens=60, temperature=0,
+                                         stop=[stop, "zzzz-never"])
+    assert r.choices[0].text == cut and r.choices[0].finish_reason == "stop"
+    s = server.client.completions.create(model="tiny", prompt="def fibonacci(n):", max_tokens=60, temperature=0,
+                                         stop=stop, stream=True)
+    assert "".join(c.choices[0].text for c in s) == cut
+
+
+def test_concurrent_requests_equal_each_alone(server, model):
+    prompts = [("def add(a, b):", 0.0, 1), ("The quick brown", 0.8, 2), ("for path in", 1.1, 3),
+               ("class Stack:", 0.0, 4), ("import sys", 0.7, 5), ("x = [", 0.0, 6), ("print(", 1.0, 7),
+               ("if __name__", 0.5, 8)]
+    want = [model.generate(p, 40, temperature=t, seed=s).text for p, t, s in prompts]
+
+    def one(i):
+        p, t, s = prompts[i]
+        if i % 2:
+            return "".join(c.choices[0].text for c in server.client.completions.create(
+                model="tiny", prompt=p, max_tokens=40, temperature=t, seed=s, stream=True))
+        return server.client.completions.create(model="tiny", prompt=p, max_tokens=40, temperature=t,
+                                                seed=s).choices[0].text
+    with cf.ThreadPoolExecutor(8) as ex:
+        got = list(ex.map(one, range(len(prompts))))
+    assert got == want
+
+
+@pytest.mark.parametrize("body,status,needle", [
+    (b"{not json", 400, "not valid JSON"),
+    (json.dumps({"prompt": "x", "max_tokens": "many"}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "x", "temperature": -1}).encode(), 400, "temperature"),
+    (json.dumps({"prompt": "x", "top_p": 0}).encode(), 400, "top_p"),
+    (json.dumps({"prompt": "x", "max_tokens": 100000}).encode(), 400, "maximum context length"),
+    (json.dumps({"prompt": "x " * 1100}).encode(), 400, "maximum context length"),
+    (json.dumps({"prompt": ""}).encode(), 400, "empty"),
+    (json.dumps({"prompt": [1, 99999]}).encode(), 400, "outside the vocabulary"),
+    (json.dumps({"prompt": "x", "n": 3}).encode(), 400, "n=1"),
+    (json.dumps({"prompt": "x", "model": "/etc/passwd"}).encode(), 404, "does not exist"),
+    (json.dumps({"max_tokens": 3}).encode(), 400, "prompt"),
+])
+def test_bad_requests_get_openai_errors_and_server_keeps_serving(server, body, status, needle):
+    r = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert needle in err["message"] and err["type"]
+    ok = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60)
+    assert ok.status_code == 200
+
+
+def test_bad_chat_requests(server):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": []})
+    assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"content": "hi"}]})
+    assert r.status_code == 400 and "role" in r.json()["error"]["message"]
+
+
+def test_metrics_are_prometheus_text(server):
+    server.client.completions.create(model="tiny", prompt="abc", max_tokens=5, temperature=0)
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("exactspec_requests_total", "exactspec_generated_tokens_total", "exactspec_acceptance_rate",
+                 "exactspec_time_to_first_token_seconds_bucket", "exactspec_request_latency_seconds_count",
+                 "exactspec_running_sequences"):
+        assert name in text, name
+
+
+def test_disconnect_frees_the_slot_and_full_queue_answers_429(folder):
+    s = Running(folder, "--max-batch", "1", "--max-queue", "1")
+    try:
+        with httpx.stream("POST", s.url + "/v1/completions",
+                          json={"prompt": "a", "max_tokens": 1000, "stream": True, "ignore_eos": True}) as r:
+            for _ in r.iter_lines():
+                break  # one chunk, then hang up mid-stream
+        # the request is cancelled (not run to its 1000 tokens) and the only slot comes back
+        for _ in range(200):
+            if "exactspec_cancelled_requests 1.0" in httpx.get(s.url + "/metrics").text:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the disconnected request was not cancelled")
+        assert httpx.get(s.url + "/health").json()["running"] == 0
+        ok = httpx.post(s.url + "/v1/completions", json={"prompt": "b", "max_tokens": 3}, timeout=60)
+        assert ok.status_code == 200
+        # one long request running, one queued: the third gets 429
+        body = {"prompt": "c", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
+        with cf.ThreadPoolExecutor(3) as ex:
+            futs = [ex.submit(httpx.post, s.url + "/v1/completions", json=body, timeout=120) for _ in range(2)]
+            for _ in range(500):
+                h = httpx.get(s.url + "/health").json()
+                if h["running"] == 1 and h["queued"] == 1:
+                    break
+                time.sleep(0.002)
+            third = httpx.post(s.url + "/v1/completions", json=body, timeout=60)
+            assert third.status_code == 429 and third.json()["error"]["type"] == "rate_limit_error"
+            done = [f.result() for f in futs]
+            assert [d.status_code for d in done] == [200, 200]
+            assert [d.json()["usage"]["completion_tokens"] for d in done] == [1000, 1000]
+    finally:
+        s.stop()
