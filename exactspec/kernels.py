@@ -218,13 +218,25 @@ def _linear_bf16(x, w, bias, y):
     return y
 
 
+# The same source compiled without threads, for calls too small to pay a thread-pool wake-up.
+# Without fastmath the compiler must keep every rounding as written, so the serial and the
+# parallel build give the same bits (tests compare rows across the switch).
+_linear_f32_serial = njit(cache=True)(_linear_f32.py_func)
+_linear_bf16_serial = njit(cache=True)(_linear_bf16.py_func)
+SERIAL_WORK = 1 << 18  # multiply-adds below which a call runs on the calling thread (~30 us)
+
+
 def linear(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     """x (M, K) float32 -> (M, N) float32."""
     x = x.contiguous()
     y = torch.empty((x.shape[0], w.n), dtype=torch.float32)
     if x.shape[0] == 0:
         return y
-    kern = _linear_bf16 if w.bf16 else _linear_f32
+    serial = x.shape[0] * w.n * w.k < SERIAL_WORK
+    if w.bf16:
+        kern = _linear_bf16_serial if serial else _linear_bf16
+    else:
+        kern = _linear_f32_serial if serial else _linear_f32
     kern(x.numpy(), w.data, w.bias, y.numpy())
     return y
 
@@ -414,12 +426,17 @@ def _attention(q, kt, v, slot, pos, scale, window, out):
     return out
 
 
+_attention_serial = njit(cache=True)(_attention.py_func)
+
+
 def attention(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
               scale: float, window: int = 0) -> torch.Tensor:
     """q (R, Hq, D); kt (S, Hkv, D, C); v (S, Hkv, C, D); slot, pos (R,) int64 -> (R, Hq, D)."""
     out = torch.empty_like(q)
     if q.shape[0]:
-        _attention(q.contiguous().numpy(), kt.numpy(), v.numpy(), slot.numpy(), pos.numpy(),
+        R, Hq, D = q.shape
+        work = R * Hq * D * (int(pos.max()) + 1) * 2
+        (_attention_serial if work < SERIAL_WORK else _attention)(q.contiguous().numpy(), kt.numpy(), v.numpy(), slot.numpy(), pos.numpy(),
                    np.float32(scale), window, out.numpy())
     return out
 

@@ -36,6 +36,7 @@ def test_linear_row_independent_of_rows_in_call_and_threads(dtype):
         assert torch.equal(K.linear(x[:M], p), alone[:M]), M
     perm = torch.randperm(40)
     assert torch.equal(K.linear(x[perm], p), alone[perm])
+    assert 1 * 300 * 96 < K.SERIAL_WORK < 40 * 300 * 96  # rows above crossed the serial/parallel switch
     K.set_num_threads(1)
     try:
         one = K.linear(x, p)
@@ -121,16 +122,17 @@ def _cache_with(k, v, cap, slot, n_slots):
 @pytest.mark.parametrize("window", [0, 5])
 def test_attention_close_to_reference_and_invariant(window):
     torch.manual_seed(1)
-    T, Hq, Hkv, D = 23, 4, 2, 16
+    T, Hq, Hkv, D = 60, 4, 2, 32
     q, k, v = torch.randn(T, Hq, D), torch.randn(T, Hkv, D), torch.randn(T, Hkv, D)
     ref = K.attention_ref(q, k, v, 0.25, window)
-    kt, vc = _cache_with(k, v, 32, 0, 1)
+    kt, vc = _cache_with(k, v, 64, 0, 1)
     pos = torch.arange(T)
     out = K.attention(q, kt, vc, torch.zeros(T, dtype=torch.long), pos, 0.25, window)
     assert torch.allclose(out, ref, atol=1e-5)
     # same rows, bigger cache, another slot, alone and shuffled: identical bits
     kt2, vc2 = _cache_with(k, v, 100, 2, 3)
-    for r in [0, 5, 22]:
+    assert 1 * Hq * D * 2 < K.SERIAL_WORK < T * Hq * D * T * 2  # both builds of the kernel run below
+    for r in [0, 5, 59]:
         one = K.attention(q[r:r + 1], kt2, vc2, torch.tensor([2]), pos[r:r + 1], 0.25, window)
         assert torch.equal(one, out[r:r + 1])
     perm = torch.randperm(T)
