@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--num-draft-tokens", type=_draft_len, default=5)
     d.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     d.add_argument("--folder", default=None, help="folder with target/ and draft/ (default: the bundled demo)")
+    d.add_argument("--repetition-penalty", type=float, default=1.2,
+                   help="greedy picks with this penalty (1.0 = pure argmax; the tiny demo model loops without it)")
     s = sub.add_parser("distill", help="train a small draft model for a target on a folder of text/code")
     s.add_argument("--target", required=True, help="target HF checkpoint folder (with tokenizer.json)")
     s.add_argument("--corpus", required=True, help="folder of .py/.txt/.md files")
@@ -91,7 +93,8 @@ def cmd_demo(a: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .demo import run
-    rows = run(Path(a.folder) if a.folder else None, a.max_new_tokens, a.num_draft_tokens, a.dtype)
+    rows = run(Path(a.folder) if a.folder else None, a.max_new_tokens, a.num_draft_tokens, a.dtype,
+               a.repetition_penalty)
     return 0 if all(r["identical"] for r in rows) else 1
 
 

@@ -20,7 +20,7 @@ def demo_folder() -> Path:
 
 
 def run(folder: Path | None = None, max_new_tokens: int = 128, k: int | str = 5, dtype: str = "bfloat16",
-        out=sys.stdout) -> list[dict]:
+        repetition_penalty: float = 1.2, out=sys.stdout) -> list[dict]:
     from . import load
     folder = folder or demo_folder()
     if not (folder / "target").is_dir() or not (folder / "draft").is_dir():
@@ -38,7 +38,7 @@ def run(folder: Path | None = None, max_new_tokens: int = 128, k: int | str = 5,
             on_text = (lambda s: (out.write(s), out.flush())) if d is None else None
             t = time.perf_counter()
             r = target.generate(p, max_new_tokens, draft=d, num_draft_tokens=k if d is not None else 0,
-                                on_text=on_text)
+                                repetition_penalty=repetition_penalty, on_text=on_text)
             dt = time.perf_counter() - t
             plain = plain or r.token_ids
             tot = totals[name]
@@ -57,5 +57,6 @@ def run(folder: Path | None = None, max_new_tokens: int = 128, k: int | str = 5,
         rows.append(dict(method=name, tokens_per_second=tps, speedup=tps / base, acceptance_rate=rate, identical=same))
         acc_s = f"{rate:11.1%}" if prop else f"{'-':>11}"
         out.write(f"{name:<15} {tps:8.1f} {tps / base:7.2f}x {acc_s}  {'yes' if same else 'NO'}\n")
-    out.write(f"(k={k}, {dtype} weights, {len(PROMPTS)} prompts x up to {max_new_tokens} new tokens)\n")
+    out.write(f"(greedy with repetition_penalty={repetition_penalty}, k={k}, {dtype} weights, {len(PROMPTS)} prompts "
+              f"x up to {max_new_tokens} new tokens)\n")
     return rows

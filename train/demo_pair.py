@@ -32,7 +32,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     out = Path(a.out)
-    tdir, ddir, work = out / "target", out / "draft", out / ".work"
+    tdir, ddir = out / "target", out / "draft"
     files = T.corpus_files(Path(a.corpus))
     train_files = [f for f in files if not T.is_validation(f)]
     texts = T.read_texts(train_files)
@@ -49,7 +49,6 @@ def main() -> None:
     stats = T.train(target, data, val, T.TrainSpec(minutes=a.target_minutes, lr=2e-3), desc="target")
     print("target:", json.dumps(stats))
     T.save(target, tdir, tdir, eos, {**stats, "corpus": "Python standard library Lib/**/*.py"})
-    work.mkdir(parents=True, exist_ok=True)
     dstats = T.distill(tdir, Path(a.corpus), ddir, minutes=a.draft_minutes, hidden=192, layers=2, suffixes=(".py",))
     print("draft:", json.dumps(dstats))
 
