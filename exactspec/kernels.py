@@ -82,12 +82,8 @@ def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeig
 
 
 @njit(inline="always")
-def _axpy4(a, x, k, w0, w1, w2, w3, nb):
-    # One row: four k-steps applied in order, vectorized over the nb output lanes.
-    x0 = x[k]
-    x1 = x[k + 1]
-    x2 = x[k + 2]
-    x3 = x[k + 3]
+def _axpy4(a, x0, x1, x2, x3, w0, w1, w2, w3, nb):
+    # Four k-steps applied in order; vectorized over the nb output lanes.
     for j in range(nb):
         s = a[j]
         s += x0 * w0[j]
@@ -95,64 +91,6 @@ def _axpy4(a, x, k, w0, w1, w2, w3, nb):
         s += x2 * w2[j]
         s += x3 * w3[j]
         a[j] = s
-
-
-@njit(inline="always")
-def _axpy4x4(a0, a1, a2, a3, x0, x1, x2, x3, k, w0, w1, w2, w3, nb):
-    # Four rows at once: the same per-row arithmetic as _axpy4 (so the same bits), but four
-    # independent add chains per lane vector and each weight vector loaded once for four rows.
-    p0, p1, p2, p3 = x0[k], x0[k + 1], x0[k + 2], x0[k + 3]
-    q0, q1, q2, q3 = x1[k], x1[k + 1], x1[k + 2], x1[k + 3]
-    r0, r1, r2, r3 = x2[k], x2[k + 1], x2[k + 2], x2[k + 3]
-    t0, t1, t2, t3 = x3[k], x3[k + 1], x3[k + 2], x3[k + 3]
-    for j in range(nb):
-        u0, u1, u2, u3 = w0[j], w1[j], w2[j], w3[j]
-        s = a0[j]
-        s += p0 * u0
-        s += p1 * u1
-        s += p2 * u2
-        s += p3 * u3
-        a0[j] = s
-        s = a1[j]
-        s += q0 * u0
-        s += q1 * u1
-        s += q2 * u2
-        s += q3 * u3
-        a1[j] = s
-        s = a2[j]
-        s += r0 * u0
-        s += r1 * u1
-        s += r2 * u2
-        s += r3 * u3
-        a2[j] = s
-        s = a3[j]
-        s += t0 * u0
-        s += t1 * u1
-        s += t2 * u2
-        s += t3 * u3
-        a3[j] = s
-
-
-@njit(inline="always")
-def _rows_step4(acc, x, m0, mc, k, w0, w1, w2, w3, nb):
-    # Apply k..k+3 to rows m0..m0+mc-1: groups of four rows, then the rest one by one.
-    m = 0
-    while m + 4 <= mc:
-        _axpy4x4(acc[m], acc[m + 1], acc[m + 2], acc[m + 3], x[m0 + m], x[m0 + m + 1], x[m0 + m + 2],
-                 x[m0 + m + 3], k, w0, w1, w2, w3, nb)
-        m += 4
-    while m < mc:
-        _axpy4(acc[m], x[m0 + m], k, w0, w1, w2, w3, nb)
-        m += 1
-
-
-@njit(inline="always")
-def _rows_step1(acc, x, m0, mc, k, w0, nb):
-    for m in range(mc):
-        xv = x[m0 + m, k]
-        a = acc[m]
-        for j in range(nb):
-            a[j] += xv * w0[j]
 
 
 @njit(inline="always")
@@ -180,9 +118,17 @@ def _linear_f32(x, w, bias, y):
             mc = min(MC, M - m0)
             acc[:] = 0.0
             for k in range(0, K4, 4):
-                _rows_step4(acc, x, m0, mc, k, blk[k], blk[k + 1], blk[k + 2], blk[k + 3], nb)
+                for m in range(mc):
+                    xr = x[m0 + m]
+                    _axpy4(acc[m], xr[k], xr[k + 1], xr[k + 2], xr[k + 3],
+                           blk[k], blk[k + 1], blk[k + 2], blk[k + 3], nb)
             for k in range(K4, K):
-                _rows_step1(acc, x, m0, mc, k, blk[k], nb)
+                for m in range(mc):
+                    xv = x[m0 + m, k]
+                    a = acc[m]
+                    wr = blk[k]
+                    for j in range(nb):
+                        a[j] += xv * wr[j]
             _store(y, acc, bias, m0, mc, n0, nb)
     return y
 
@@ -202,18 +148,26 @@ def _linear_bf16(x, w, bias, y):
         for m0 in range(0, M, MC):
             mc = min(MC, M - m0)
             acc[:] = 0.0
-            for k in range(0, K, 4):
-                r_n = min(4, K - k)
-                for r in range(r_n):
+            for k in range(0, K4, 4):
+                for r in range(4):
                     src = blk[k + r]
                     dst = bits[r]
                     for j in range(NB):
                         dst[j] = np.uint32(src[j]) << 16
-                if r_n == 4:
-                    _rows_step4(acc, x, m0, mc, k, wf[0], wf[1], wf[2], wf[3], nb)
-                else:
-                    for r in range(r_n):
-                        _rows_step1(acc, x, m0, mc, k + r, wf[r], nb)
+                for m in range(mc):
+                    xr = x[m0 + m]
+                    _axpy4(acc[m], xr[k], xr[k + 1], xr[k + 2], xr[k + 3], wf[0], wf[1], wf[2], wf[3], nb)
+            for k in range(K4, K):
+                src = blk[k]
+                dst = bits[0]
+                for j in range(NB):
+                    dst[j] = np.uint32(src[j]) << 16
+                for m in range(mc):
+                    xv = x[m0 + m, k]
+                    a = acc[m]
+                    w0 = wf[0]
+                    for j in range(nb):
+                        a[j] += xv * w0[j]
             _store(y, acc, bias, m0, mc, n0, nb)
     return y
 
