@@ -414,57 +414,58 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
 # Row-wise softmax pieces for sampling: max, exp and sums in index order, one row per thread.
 # ---------------------------------------------------------------------------------------------
 
+@njit(inline="always")
+def _row_max(r):
+    mx = np.float32(-np.inf)
+    for i in range(r.shape[0]):
+        if r[i] > mx:
+            mx = r[i]
+    return mx
+
+
 @njit(parallel=True, cache=True)
 def _softmax(x, y):
-    M, V = x.shape
-    for m in prange(M):
-        mx = np.float32(-np.inf)
-        for i in range(V):
-            if x[m, i] > mx:
-                mx = x[m, i]
+    for m in prange(x.shape[0]):
+        mx = _row_max(x[m])
         s = np.float32(0.0)
-        for i in range(V):
-            e = np.float32(math.exp(x[m, i] - mx)) if x[m, i] != -np.inf else np.float32(0.0)
+        for i in range(x.shape[1]):
+            e = np.float32(math.exp(x[m, i] - mx))  # exp(-inf) = 0 for filtered tokens
             y[m, i] = e
             s += e
-        for i in range(V):
+        for i in range(x.shape[1]):
             y[m, i] = y[m, i] / s
-    return y
-
-
-def softmax(x: torch.Tensor) -> torch.Tensor:
-    """(M, V) float32 -> probabilities. A row of all -inf is not allowed (NaN)."""
-    x = x.contiguous()
-    y = torch.empty_like(x)
-    if x.shape[0]:
-        _softmax(x.numpy(), y.numpy())
     return y
 
 
 @njit(parallel=True, cache=True)
 def _log_softmax(x, y):
-    M, V = x.shape
-    for m in prange(M):
-        mx = np.float32(-np.inf)
-        for i in range(V):
-            if x[m, i] > mx:
-                mx = x[m, i]
+    for m in prange(x.shape[0]):
+        mx = _row_max(x[m])
         s = np.float32(0.0)
-        for i in range(V):
-            if x[m, i] != -np.inf:
-                s += np.float32(math.exp(x[m, i] - mx))
+        for i in range(x.shape[1]):
+            s += np.float32(math.exp(x[m, i] - mx))
         ls = np.float32(math.log(s))
-        for i in range(V):
+        for i in range(x.shape[1]):
             y[m, i] = (x[m, i] - mx) - ls
     return y
 
 
-def log_softmax(x: torch.Tensor) -> torch.Tensor:
+def _rows(kern, x: torch.Tensor) -> torch.Tensor:
     x = x.contiguous()
     y = torch.empty_like(x)
     if x.shape[0]:
-        _log_softmax(x.numpy(), y.numpy())
+        kern(x.numpy(), y.numpy())
     return y
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """(M, V) float32 -> probabilities. A row of all -inf is not allowed (NaN)."""
+    return _rows(_softmax, x)
+
+
+def log_softmax(x: torch.Tensor) -> torch.Tensor:
+    """(M, V) float32 -> log-probabilities (-inf stays -inf)."""
+    return _rows(_log_softmax, x)
 
 
 @njit(cache=True)

@@ -62,6 +62,20 @@ class CompletionRequest(_Sampling):
     prompt: str | list[int]
 
 
+# OpenAI fields we cannot honour: refused when set, rather than silently ignored.
+UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+               "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
+               "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
+               "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0)}
+
+
+def refuse_unsupported(r: BaseModel) -> None:
+    for name, defaults in UNSUPPORTED.items():
+        v = (r.model_extra or {}).get(name)
+        if v not in defaults:
+            raise APIError(400, f"{name}={v!r} is not supported by this server", param=name)
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: str
@@ -218,6 +232,7 @@ class Server:
                 "total_tokens": prompt_len + g.completion_tokens}
 
     async def _respond(self, kind: str, r: _Sampling, prompt: list[int], max_tokens: int | None):
+        refuse_unsupported(r)
         params, max_new = self._params(r, len(prompt), max_tokens)
         self.metrics.prompt_tokens.inc(len(prompt))
         g = Generation(self, prompt, params, max_new, self._stops(r), r.ignore_eos)

@@ -145,6 +145,8 @@ def test_concurrent_requests_equal_each_alone(server, model):
     (json.dumps({"prompt": "x", "n": 3}).encode(), 400, "n=1"),
     (json.dumps({"prompt": "x", "model": "/etc/passwd"}).encode(), 404, "does not exist"),
     (json.dumps({"max_tokens": 3}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": "x", "logprobs": 5}).encode(), 400, "logprobs=5 is not supported"),
+    (json.dumps({"prompt": "x", "presence_penalty": 0.5}).encode(), 400, "presence_penalty"),
 ])
 def test_bad_requests_get_openai_errors_and_server_keeps_serving(server, body, status, needle):
     r = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
@@ -153,6 +155,13 @@ def test_bad_requests_get_openai_errors_and_server_keeps_serving(server, body, s
     assert needle in err["message"] and err["type"]
     ok = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60)
     assert ok.status_code == 200
+
+
+def test_unknown_fields_are_ignored_and_defaults_of_unsupported_ones_accepted(server):
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2, "user": "me",
+                                                         "logprobs": None, "echo": False, "frequency_penalty": 0},
+                   timeout=60)
+    assert r.status_code == 200, r.text
 
 
 def test_bad_chat_requests(server):
