@@ -3,8 +3,9 @@ with no drafter (k = 0). Batches of sequences of any lengths go through one targ
 step, each sequence accepting its own number of tokens.
 
 Invariant kept by the loop: a sequence's cache holds keys for all of its tokens but the last;
-each step feeds [last token] + drafts at positions len-1, len, ..., and the cache length then
-moves to len(tokens) - 1 again (the rollback: rejected drafts' keys are left as garbage).
+each step feeds [last token] + drafts at positions len-1, len, ..., and afterwards the valid
+length is len(tokens) - 1 again (the rollback: rejected drafts' keys are left as garbage, and the
+next step overwrites them).
 """
 from __future__ import annotations
 
@@ -231,7 +232,6 @@ class Batch:
             s.stats.count_step(len(d), a)
             s.k = self.draft_len.update(s.k, len(d), a)
             out.append((s, _commit(s, d[:a] + [choice[a]], self.capacity)))
-            self.cache.lengths[s.slot] = len(s.tokens) - 1
         for s in live:
             s.stats.forward_passes += 1
         self._release()  # finished sequences leave now; their slots take the next arrivals

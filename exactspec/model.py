@@ -117,16 +117,16 @@ class Transformer:
                 out_rows: torch.Tensor | None = None) -> torch.Tensor:
         """tokens, slot, pos (R,) int64 -> logits (len(out_rows) or R, V) float32.
 
-        Writes each row's keys/values into `cache` at (slot, pos). Does not move cache lengths:
-        the caller (decode loop) owns them.
+        Writes each row's keys/values into `cache` at (slot, pos); which positions are valid is the
+        caller's (decode loop's) business.
         """
         c = self.cfg
         R, D, Hq, Hkv = tokens.shape[0], c.head_dim, c.n_heads, c.n_kv_heads
-        if R and (int(pos.max()) >= cache.capacity or int(pos.min()) < 0 or int(slot.max()) >= len(cache.lengths)):
+        if R and (int(pos.max()) >= cache.capacity or int(pos.min()) < 0 or int(slot.max()) >= cache.n_slots):
             # the kernels index raw memory: never let a bad position or slot reach them
             raise ContextLengthError(f"forward: positions {int(pos.min())}..{int(pos.max())} / slots up to "
                                      f"{int(slot.max())} do not fit the cache ({cache.capacity} positions, "
-                                     f"{len(cache.lengths)} slots)")
+                                     f"{cache.n_slots} slots)")
         x = self.embed[tokens].float()  # (R, H)
         window = c.sliding_window or 0
         for i, L in enumerate(self.layers):
