@@ -199,13 +199,20 @@ def test_disconnect_frees_the_slot_and_full_queue_answers_429(folder):
         assert ok.status_code == 200
         # one long request running, one queued: the third gets 429
         body = {"prompt": "c", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
-        with cf.ThreadPoolExecutor(3) as ex:
-            futs = [ex.submit(httpx.post, s.url + "/v1/completions", json=body, timeout=120) for _ in range(2)]
-            for _ in range(500):
+
+        def wait_for(running, queued):
+            deadline = time.time() + 60
+            while time.time() < deadline:
                 h = httpx.get(s.url + "/health").json()
-                if h["running"] == 1 and h["queued"] == 1:
-                    break
+                if (h["running"], h["queued"]) == (running, queued):
+                    return
                 time.sleep(0.002)
+            pytest.fail(f"never saw running={running}, queued={queued}: {h}")
+        with cf.ThreadPoolExecutor(3) as ex:
+            futs = [ex.submit(httpx.post, s.url + "/v1/completions", json=body, timeout=120)]
+            wait_for(1, 0)  # the first takes the only slot (1000 tokens: over a second)
+            futs.append(ex.submit(httpx.post, s.url + "/v1/completions", json=body, timeout=120))
+            wait_for(1, 1)  # the second waits in the queue, which is now full
             third = httpx.post(s.url + "/v1/completions", json=body, timeout=60)
             assert third.status_code == 429 and third.json()["error"]["type"] == "rate_limit_error"
             done = [f.result() for f in futs]
