@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import socket
-import statistics
 import subprocess
 import sys
 import time

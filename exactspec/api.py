@@ -86,14 +86,13 @@ class Model:
         drafter = self.make_drafter(draft, draft_confidence, lookup_max_ngram)
         dl = DraftLength(num_draft_tokens if drafter is not None else 0)
         streams = [StreamDecoder(self.tokenizer) for _ in ids] if on_text and self.tokenizer else None
-        cb = None
-        if streams is not None:
-            def cb(i: int, new: list[int]) -> None:
-                piece = streams[i].push(new)
-                if piece:
-                    on_text(i, piece)
+
+        def stream(i: int, new: list[int]) -> None:
+            if piece := streams[i].push(new):
+                on_text(i, piece)
         eos = set() if ignore_eos else set(self.eos_token_ids)
-        seqs, _ = decode(self.net, ids, params, max_new_tokens, eos, drafter, dl, cb)
+        seqs, _ = decode(self.net, ids, params, max_new_tokens, eos, drafter, dl,
+                         stream if streams is not None else None)
         if streams is not None:
             for i, st in enumerate(streams):
                 if piece := st.flush():

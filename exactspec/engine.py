@@ -33,22 +33,18 @@ class Request:
     cancelled: bool = False
     seq: Sequence | None = None
     first_token_at: float | None = None
-    done: bool = False
 
 
 @dataclass
-class EngineStats:
-    requests_done: int = 0
+class EngineStats:  # what /metrics reports beside the server's own counters
     cancelled: int = 0  # client went away, or a stop string ended it early
-    tokens: int = 0
-    proposed: int = 0
+    proposed: int = 0  # draft tokens, finished requests
     accepted: int = 0
-    steps: int = 0
 
 
 class Engine:
     def __init__(self, model: Model, drafter: Drafter | None, num_draft_tokens: int | str, max_batch: int = 8,
-                 max_queue: int = 64, on_finish: Callable[[Request], None] | None = None):
+                 max_queue: int = 64):
         self.model = model
         self.batch = Batch(model.net, max_batch, model.net.max_context, drafter,
                            DraftLength(num_draft_tokens if drafter is not None else 0))
@@ -57,7 +53,6 @@ class Engine:
         self.active: list[Request] = []
         self.cv = threading.Condition()
         self.stats = EngineStats()
-        self.on_finish = on_finish
         self.stopped = False
         self.thread = threading.Thread(target=self._loop, name="exactspec-engine", daemon=True)
         self.thread.start()
@@ -90,18 +85,13 @@ class Engine:
         return len(self.active)
 
     def _finish(self, req: Request, reason: str | None) -> None:
-        req.done = True
         if req in self.active:
             self.active.remove(req)
         s = req.seq
         if s is not None:
             self.stats.proposed += s.stats.proposed
             self.stats.accepted += s.stats.accepted
-            self.stats.tokens += len(s.generated)
-        self.stats.requests_done += 1
         self.stats.cancelled += reason == "cancelled"
-        if self.on_finish is not None:
-            self.on_finish(req)
         if reason != "cancelled":
             req.on_event([], reason)
 
@@ -135,7 +125,6 @@ class Engine:
                         req.on_event([], f"error: {e}")
                         self._finish(req, "cancelled")
                 continue
-            self.stats.steps += 1
             now = time.perf_counter()
             with self.cv:
                 for s, new in events:

@@ -1,7 +1,6 @@
 """Kernels against their plain twins, and invariance of each kernel by itself."""
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -84,12 +83,10 @@ def test_exp_does_not_depend_on_buffer_position():
     """Vector body vs scalar tail: the same value must get the same exp wherever it sits."""
     v = torch.randn(1, 1000) * 10
     full = K.softmax(v)
-    e_full = full * 0  # compare the unnormalized exps through a row that shares the max
     for shift in [1, 3, 7, 8, 15, 17]:
         w = torch.cat([torch.full((1, shift), -1e30), v], dim=1)
         part = K.softmax(w)[:, shift:]
-        assert torch.equal(part, full), shift
-    assert e_full.abs().sum() == 0
+        assert torch.equal(part, full), shift  # -1e30 pads add exact zeros to the sum
 
 
 def test_softmax_log_softmax_close():
@@ -104,7 +101,6 @@ def test_softmax_log_softmax_close():
 def test_cumsum_sequential():
     x = torch.rand(1000)
     y = K.cumsum(x)
-    s = torch.tensor(0.0)
     for i in range(0, 1000, 97):
         s = K.cumsum(x[: i + 1])[-1]
         assert torch.equal(s, y[i])
