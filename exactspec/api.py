@@ -91,7 +91,7 @@ class Model:
             if piece := streams[i].push(new):
                 on_text(i, piece)
         eos = set() if ignore_eos else set(self.eos_token_ids)
-        seqs, _ = decode(self.net, ids, params, max_new_tokens, eos, drafter, dl,
+        seqs = decode(self.net, ids, params, max_new_tokens, eos, drafter, dl,
                          stream if streams is not None else None)
         if streams is not None:
             for i, st in enumerate(streams):

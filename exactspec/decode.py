@@ -138,7 +138,6 @@ class Batch:
         self.cache = target.new_cache(n_slots, self.capacity)
         self.free = list(range(n_slots - 1, -1, -1))
         self.seqs: list[Sequence] = []
-        self.forward_passes = 0
         if drafter is not None:
             drafter.begin(n_slots, self.capacity)
 
@@ -212,7 +211,6 @@ class Batch:
             pos += range(n - 1, n + len(d))
         logits = self.target.forward(torch.tensor(tok), torch.tensor(slot), torch.tensor(pos), self.cache,
                                      torch.tensor(rows))
-        self.forward_passes += 1
         out = []
         for i, s in enumerate(new):
             s.prefilled = True
@@ -243,7 +241,7 @@ OnToken = Callable[[int, list[int]], None]  # (prompt index, new token ids)
 
 def decode(target: Transformer, prompts: list[list[int]], params: list[SamplingParams], max_new_tokens: int,
            eos: set[int], drafter: Drafter | None = None, draft_len: DraftLength | None = None,
-           on_token: OnToken | None = None) -> tuple[list[Sequence], Stats]:
+           on_token: OnToken | None = None) -> list[Sequence]:
     """Decode a fixed batch to the end: all prompts join at once, the loop steps until none runs."""
     draft_len = draft_len or DraftLength(0)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -255,23 +253,14 @@ def decode(target: Transformer, prompts: list[list[int]], params: list[SamplingP
     for i, p in enumerate(prompts):
         batch.check_prompt(p, f"prompt {i}")
     seqs = [batch.add(p, params[i], max_new_tokens, eos, tag=i) for i, p in enumerate(prompts)]
-    total = Stats(prompt_tokens=sum(len(p) for p in prompts))
     while batch.running:
         for s, new in batch.step():
             if on_token is not None and new:
                 on_token(s.tag, new)
-    total.wall_time = time.perf_counter() - t0
-    total.forward_passes = batch.forward_passes
-    total.draft_forward_passes = drafter.forward_passes if drafter is not None else 0
-    for s in seqs:
+    wall = time.perf_counter() - t0
+    for s in seqs:  # forward_passes, proposed/accepted and prefill_time were counted per step
         s.stats.new_tokens = len(s.generated)
         s.stats.prompt_tokens = s.prompt_len
-        s.stats.wall_time = total.wall_time
-        s.stats.draft_forward_passes = total.draft_forward_passes
-        total.new_tokens += s.stats.new_tokens
-        total.steps += s.stats.steps
-        for i, (p, a) in enumerate(zip(s.stats.proposed_at, s.stats.accepted_at)):
-            total.count_position(i, p, a)
-        total.proposed += s.stats.proposed
-        total.accepted += s.stats.accepted
-    return seqs, total
+        s.stats.wall_time = wall
+        s.stats.draft_forward_passes = drafter.forward_passes if drafter is not None else 0
+    return seqs
