@@ -512,3 +512,96 @@ def rope_table(inv_freq: torch.Tensor, n_pos: int) -> tuple[torch.Tensor, torch.
     sin = torch.empty(n_pos, d)
     _rope_table(inv_freq.float().contiguous().numpy(), n_pos, cos.numpy(), sin.numpy())
     return cos, sin
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels for patched transformers models (exactspec.hf), in transformers' tensor layouts.
+# ---------------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def _silu(x, y):
+    for m in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            g = x[m, i]
+            y[m, i] = g / (np.float32(1.0) + np.float32(math.exp(-g)))
+    return y
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """(M, I) float32 -> silu, each element by the same scalar exp (no vector body / tail split)."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    if x.numel():
+        _silu(x.numpy(), y.numpy())
+    return y
+
+
+@njit(parallel=True, cache=True)
+def _masked_attention(q, kt, v, mask, scale, out):
+    # q (B, Hq, T, D); kt (B, Hkv, D, S); v (B, Hkv, S, D); mask (B or 1, T, S) uint8, 1 = attend;
+    # out (B, T, Hq, D). Query row t attends the keys its mask row allows, in ascending cache index.
+    # Scores of keys outside [lo, hi] are never formed; those inside but masked are formed and skipped.
+    # So a row's result depends on its own query, its visible keys and their order alone.
+    B, Hq, T, D = q.shape
+    Hkv = kt.shape[1]
+    S = kt.shape[3]
+    grp = Hq // Hkv
+    for task in prange(B * Hq * T):
+        b = task // (Hq * T)
+        h = (task // T) % Hq
+        t = task % T
+        g = h // grp
+        mrow = mask[b if mask.shape[0] > 1 else 0, t]
+        o = out[b, t, h]
+        o[:] = 0.0
+        lo = 0
+        while lo < S and mrow[lo] == 0:
+            lo += 1
+        if lo == S:
+            continue  # a row that may attend nothing (a padding query): zeros
+        hi = S - 1
+        while mrow[hi] == 0:
+            hi -= 1
+        n = hi + 1 - lo
+        sc = np.zeros(n, np.float32)
+        kk = kt[b, g]
+        for d in range(D):
+            qd = q[b, h, t, d]
+            krow = kk[d]
+            for j in range(n):
+                sc[j] += qd * krow[lo + j]
+        mx = np.float32(-np.inf)
+        for j in range(n):
+            sc[j] = sc[j] * scale
+            if mrow[lo + j] != 0 and sc[j] > mx:
+                mx = sc[j]
+        l = np.float32(0.0)
+        vv = v[b, g]
+        for j in range(n):
+            if mrow[lo + j] != 0:
+                e = np.float32(math.exp(sc[j] - mx))
+                l += e
+                vr = vv[lo + j]
+                for d in range(D):
+                    o[d] += e * vr[d]
+        for d in range(D):
+            o[d] = o[d] / l
+    return out
+
+
+_masked_attention_serial = njit(cache=True)(_masked_attention.py_func)
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """transformers layout: q (B, Hq, T, D), k/v (B, Hkv, S, D) float32, mask (B or 1, T, S) bool
+    (True = attend) -> (B, T, Hq, D) float32."""
+    B, Hq, T, D = q.shape
+    out = torch.empty(B, T, Hq, D)
+    if out.numel():
+        kt = k.transpose(2, 3).contiguous()
+        work = B * Hq * T * D * k.shape[2] * 2
+        kern = _masked_attention_serial if work < SERIAL_WORK else _masked_attention
+        kern(q.contiguous().numpy(), kt.numpy(), v.contiguous().numpy(), mask.to(torch.uint8).contiguous().numpy(),
+             np.float32(scale), out.numpy())
+    return out

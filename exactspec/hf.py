@@ -1,0 +1,352 @@
+"""Make a Hugging Face transformers causal LM batch-invariant on CPU.
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with exactspec.hf.patch(model):                  # or: with exactspec.hf.batch_invariant():
+        model.generate(ids, assistant_model=draft)   # == model.generate(ids), token for token
+
+Every floating-point reduction of the model's forward then runs in exactspec's kernels, so the
+logits of a position depend on that position's prefix alone (not on how many tokens, rows or
+sequences share the forward call, the cache length or the thread count), and greedy, assisted and
+prompt-lookup generation give the same tokens.
+
+How (instance-level, nothing global is left behind):
+* each `nn.Linear` -> `kernels.linear` (fixed k order, float32 accumulation, result cast back to the
+  weight's dtype as torch's bf16 matmul does); packed weights are made on first use and kept while
+  the patch is on (memory: one extra copy of the weights);
+* each `*RMSNorm` -> `kernels.rmsnorm` (per row, sum of squares in index order), then the weight
+  multiply in torch as transformers does it;
+* the MLP's SiLU -> `kernels.silu` (one scalar exp per element: no vector body / tail split);
+* the rotary embedding -> a cos/sin table computed per position by scalar libm (an entry never
+  depends on how many positions a call asks for);
+* attention -> `kernels.masked_attention`, registered with transformers' `AttentionInterface` as
+  "exactspec" and selected through `config._attn_implementation`; its mask function always
+  materializes the boolean mask, so padding and sliding windows are honoured key by key.
+Elementwise adds and multiplies (residuals, rotary mix) stay in torch: they are correctly rounded.
+
+Covered: transformers >= 5.0, < 6; model types llama, mistral, qwen2, qwen3; rope types default,
+linear, llama3; float32 or bfloat16 parameters on CPU; inference only (under torch.no_grad()).
+Anything else raises UnsupportedModelError or InvalidArgumentError before anything is changed.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import kernels
+from .errors import InvalidArgumentError, UnsupportedModelError
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+TRANSFORMERS_RANGE = ((5, 0), (6, 0))  # [low, high)
+ATTN_NAME = "exactspec"
+_NORM_CLASSES = tuple(f"{p}RMSNorm" for p in ("Llama", "Mistral", "Qwen2", "Qwen3"))
+_ROTARY_CLASSES = tuple(f"{p}RotaryEmbedding" for p in ("Llama", "Mistral", "Qwen2", "Qwen3"))
+_CONTAINERS = tuple(f"{p}{s}" for p in ("Llama", "Mistral", "Qwen2", "Qwen3")
+                    for s in ("ForCausalLM", "Model", "DecoderLayer", "Attention", "MLP"))
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as e:  # pragma: no cover - the test extra installs it
+        raise UnsupportedModelError("exactspec.hf needs transformers: pip install 'exactspec[hf]'") from e
+    return transformers
+
+
+def check_transformers_version(version: str | None = None) -> None:
+    """Raise UnsupportedModelError unless transformers' version is in TRANSFORMERS_RANGE."""
+    version = version or _transformers().__version__
+    try:
+        major_minor = tuple(int(p) for p in version.split(".")[:2])
+    except ValueError:
+        raise UnsupportedModelError(f"transformers version {version!r} cannot be parsed") from None
+    low, high = TRANSFORMERS_RANGE
+    if not low <= major_minor < high:
+        raise UnsupportedModelError(
+            f"exactspec.hf supports transformers >= {low[0]}.{low[1]}, < {high[0]}.{high[1]}; "
+            f"installed: {version}. Install a supported version (pip install 'transformers>=5,<6').")
+
+
+# ---------------------------------------------------------------------------------------------
+# Replacement forwards. Each takes the module first; `Patch` binds them with functools.partial.
+# ---------------------------------------------------------------------------------------------
+
+def _rows(x: torch.Tensor, name: str) -> torch.Tensor:
+    if x.device.type != "cpu":
+        raise InvalidArgumentError(f"{name}: input is on {x.device}; exactspec's kernels run on CPU only")
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise InvalidArgumentError(f"{name}: exactspec.hf is inference-only (no autograd through its kernels); "
+                                   "run the model under torch.no_grad() or torch.inference_mode()")
+    return x.reshape(-1, x.shape[-1]).float()
+
+
+class _Linear:
+    """nn.Linear.forward through kernels.linear, the packed weight cached while the tensors are unchanged."""
+
+    def __init__(self, module: nn.Linear, name: str):
+        self.module, self.name = module, name
+        self.key: tuple | None = None
+        self.packed: kernels.PackedWeight | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.module
+        if x.dtype != m.weight.dtype:
+            raise InvalidArgumentError(f"{self.name}: input dtype {x.dtype} does not match weight dtype {m.weight.dtype}")
+        rows = _rows(x, self.name)
+        b = m.bias
+        key = (m.weight.data_ptr(), m.weight._version, None if b is None else (b.data_ptr(), b._version))
+        if key != self.key:  # first call, or the weights were changed in place / replaced
+            with torch.no_grad():
+                self.packed = kernels.pack_weight(m.weight.detach(), None if b is None else b.detach())
+            self.key = key
+        y = kernels.linear(rows, self.packed)
+        return y.reshape(*x.shape[:-1], y.shape[-1]).to(m.weight.dtype)
+
+
+def _rmsnorm(module: nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
+    # transformers: w * (x.float() * rsqrt(mean(x^2) + eps)).to(x.dtype). The kernel computes the
+    # normalized row (times a weight of ones: exact); the weight multiply stays as transformers does it.
+    h = x.shape[-1]
+    y = kernels.rmsnorm(_rows(x, name), np.ones(h, np.float32), module.variance_epsilon)
+    return module.weight * y.reshape(x.shape).to(x.dtype)
+
+
+def _silu(name: str, x: torch.Tensor) -> torch.Tensor:
+    return kernels.silu(_rows(x, name)).reshape(x.shape).to(x.dtype)
+
+
+class _Rotary:
+    """Rotary cos/sin from a per-position table (scalar libm per entry), grown as positions demand."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.key: tuple | None = None
+        self.cos = self.sin = torch.empty(0)
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inv = self.module.inv_freq
+        need = int(position_ids.max()) + 1 if position_ids.numel() else 1
+        key = (inv.data_ptr(), inv._version)
+        if key != self.key or need > self.cos.shape[0]:
+            n = max(need, 2 * self.cos.shape[0] if key == self.key else 256)
+            self.cos, self.sin = kernels.rope_table(inv.detach().float().cpu(), n)
+            self.key = key
+        scale = self.module.attention_scaling
+        cos, sin = self.cos[position_ids], self.sin[position_ids]
+        if scale != 1.0:
+            cos, sin = cos * scale, sin * scale
+        return cos.to(x.dtype), sin.to(x.dtype)
+
+
+def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                      **kwargs) -> tuple[torch.Tensor, None]:
+    """The "exactspec" entry of transformers' AttentionInterface. query (B, Hq, T, D), key/value
+    (B, Hkv, S, D), attention_mask (B, 1, T, S) bool from `_mask` -> ((B, T, Hq, D), None)."""
+    if dropout:
+        raise InvalidArgumentError("exactspec attention: dropout > 0 (training mode?); call model.eval()")
+    B, Hq, T, D = query.shape
+    S = key.shape[2]
+    if attention_mask is None:  # no mask was asked for: plain causal, queries are the last T positions
+        i = torch.arange(T)[:, None] + (S - T)
+        mask = (torch.arange(S)[None, :] <= i)[None]
+    else:
+        if attention_mask.dtype != torch.bool or attention_mask.shape[1] != 1 or attention_mask.shape[-1] != S:
+            raise InvalidArgumentError(f"exactspec attention: expected a (B, 1, T, {S}) boolean mask, got "
+                                       f"{attention_mask.dtype} {tuple(attention_mask.shape)}")
+        mask = attention_mask[:, 0]
+    scale = scaling if scaling is not None else D ** -0.5
+    out = kernels.masked_attention(query.float(), key.float(), value.float(), mask, scale)
+    return out.to(query.dtype), None
+
+
+def _mask(**kwargs):
+    """transformers' sdpa mask, never skipped: the kernel always sees which keys a row may attend."""
+    from transformers.masking_utils import sdpa_mask
+    kwargs["allow_is_causal_skip"] = False
+    kwargs["allow_is_bidirectional_skip"] = False
+    return sdpa_mask(**kwargs)
+
+
+_registered = False
+
+
+def _register() -> None:
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+        AttentionInterface.register(ATTN_NAME, attention_forward)
+        AttentionMaskInterface.register(ATTN_NAME, _mask)
+        _registered = True
+
+
+# ---------------------------------------------------------------------------------------------
+# Patching one model
+# ---------------------------------------------------------------------------------------------
+
+def _check(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """Validate everything first; return (name, module, kind) for the modules to override."""
+    check_transformers_version()
+    config = getattr(model, "config", None)
+    mtype = getattr(config, "model_type", None)
+    if mtype not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(f"exactspec.hf: model type {mtype!r} ({type(model).__name__}) is not supported; "
+                                    f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.device.type != "cpu":
+            raise InvalidArgumentError(f"exactspec.hf: {name} is on {t.device}; exactspec's batch-invariant kernels "
+                                       "are CPU kernels. Move the model to CPU (model.to('cpu')) to patch it")
+        if t.is_floating_point() and t.dtype not in (torch.float32, torch.bfloat16):
+            raise UnsupportedModelError(f"exactspec.hf: {name} is {t.dtype}; float32 or bfloat16 supported")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise UnsupportedModelError(f"exactspec.hf: hidden_act {config.hidden_act!r}; only 'silu' is supported")
+    kinds = []
+    for name, m in model.named_modules():
+        cls = type(m).__name__
+        if isinstance(m, nn.Linear):
+            kinds.append((name, m, "linear"))
+        elif cls in _NORM_CLASSES:
+            kinds.append((name, m, "norm"))
+        elif cls in _ROTARY_CLASSES:
+            rope = getattr(m, "rope_type", "default")
+            if rope not in SUPPORTED_ROPE_TYPES:
+                raise UnsupportedModelError(f"exactspec.hf: rope type {rope!r} at {name}; supported: "
+                                            f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+            kinds.append((name, m, "rotary"))
+        elif cls == "SiLUActivation" or isinstance(m, nn.SiLU):
+            kinds.append((name, m, "silu"))
+        elif isinstance(m, (nn.Embedding, nn.Dropout, nn.Identity, nn.ModuleList)) or cls in _CONTAINERS:
+            pass
+        else:
+            raise UnsupportedModelError(f"exactspec.hf: module {name or '<root>'} ({cls}) is not one exactspec "
+                                        "knows how to make batch-invariant")
+    return kinds
+
+
+class Patch:
+    """An installed patch of one model. Use as a context manager, or call `undo()`. Patching a model
+    that is already patched returns a handle to the same installation (undone when the last handle is)."""
+
+    def __init__(self, model: nn.Module):
+        kinds = _check(model)
+        _register()
+        self.model = model
+        self.saved: list[tuple[nn.Module, object]] = []
+        for name, m, kind in kinds:
+            if kind == "linear":
+                fwd: Callable = _Linear(m, name)
+            elif kind == "norm":
+                fwd = _bind(_rmsnorm, m, name)
+            elif kind == "rotary":
+                fwd = _Rotary(m)
+            else:
+                fwd = _bind(_silu, name)
+            self.saved.append((m, m.__dict__.get("forward")))
+            m.__dict__["forward"] = fwd
+        self.attn = model.config._attn_implementation
+        model.config._attn_implementation = ATTN_NAME
+
+    def restore(self) -> None:
+        for m, old in self.saved:
+            if old is None:
+                m.__dict__.pop("forward", None)
+            else:
+                m.__dict__["forward"] = old
+        self.model.config._attn_implementation = self.attn
+
+
+def _bind(fn: Callable, *first) -> Callable:
+    def forward(*args, **kwargs):
+        return fn(*first, *args, **kwargs)
+    return forward
+
+
+_lock = threading.RLock()
+_installed: dict[int, list] = {}  # id(model) -> [Patch, handle count]
+
+
+class Handle:
+    """What `patch` returns: undo it (or leave its `with` block) to release this hold on the patch."""
+
+    def __init__(self, model: nn.Module):
+        with _lock:
+            entry = _installed.get(id(model))
+            if entry is None:
+                entry = _installed[id(model)] = [Patch(model), 0]
+            entry[1] += 1
+        self.model = model
+        self.active = True
+
+    def undo(self) -> None:
+        with _lock:
+            if not self.active:
+                return
+            self.active = False
+            entry = _installed[id(self.model)]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _installed[id(self.model)]
+                entry[0].restore()
+
+    def __enter__(self) -> "Handle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.undo()
+
+
+def patch(model: nn.Module) -> Handle:
+    """Make `model` batch-invariant until the returned handle is undone (or its `with` block ends)."""
+    return Handle(model)
+
+
+def is_patched(model: nn.Module) -> bool:
+    return id(model) in _installed
+
+
+@contextlib.contextmanager
+def batch_invariant(*models: nn.Module) -> Iterator[None]:
+    """Inside the block, the given models - or, given none, every transformers model called in this
+    process - run batch-invariant. A model of an unsupported kind raises when it is called."""
+    if models:
+        handles = []
+        try:
+            for m in models:
+                handles.append(patch(m))
+            yield
+        finally:
+            for h in reversed(handles):
+                h.undo()
+        return
+    from transformers import PreTrainedModel
+    handles: list[Handle] = []
+    had = "__call__" in PreTrainedModel.__dict__
+    previous = PreTrainedModel.__call__
+
+    def call(self, *args, **kwargs):
+        if not is_patched(self) and not getattr(self, "_exactspec_inner", False):
+            with _lock:
+                handles.append(patch(self))
+                for sub in self.modules():  # its base model runs inside it: covered by this patch
+                    if sub is not self and hasattr(sub, "config"):
+                        sub._exactspec_inner = True
+        return previous(self, *args, **kwargs)
+
+    PreTrainedModel.__call__ = call
+    try:
+        yield
+    finally:
+        if had:
+            PreTrainedModel.__call__ = previous
+        else:
+            del PreTrainedModel.__call__
+        for h in reversed(handles):
+            for sub in h.model.modules():
+                sub.__dict__.pop("_exactspec_inner", None)
+            h.undo()
