@@ -58,9 +58,13 @@ def _transformers():
     return transformers
 
 
+def transformers_version() -> str:
+    return _transformers().__version__
+
+
 def check_transformers_version(version: str | None = None) -> None:
     """Raise UnsupportedModelError unless transformers' version is in TRANSFORMERS_RANGE."""
-    version = version or _transformers().__version__
+    version = version or transformers_version()
     try:
         major_minor = tuple(int(p) for p in version.split(".")[:2])
     except ValueError:

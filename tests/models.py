@@ -62,9 +62,9 @@ def config_for(arch: str, layers: int = 2, hidden: int = 64, seed_vocab: int = V
     raise ValueError(arch)
 
 
-def make_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, dtype: torch.dtype = torch.float32,
-                    tokenizer: bool = True, near_ties: bool = True, **kw) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
+def random_model(arch: str = "llama", seed: int = 0, dtype: torch.dtype = torch.float32, near_ties: bool = True,
+                 **kw):
+    """A transformers model in memory (eval mode), random weights from `seed`, near-tie init by default."""
     cfg, cls = config_for(arch, **kw)
     torch.manual_seed(seed)
     model = cls(cfg).eval()
@@ -73,8 +73,13 @@ def make_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, dtype: tor
             head = model.get_output_embeddings().weight  # (V, H); tied models share it with the input
             head[1::2, 1:] = head[0::2, 1:]
             model.model.norm.weight[0] = 1e-6
-    model = model.to(dtype)
-    model.save_pretrained(folder)
+    return model.to(dtype)
+
+
+def make_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, dtype: torch.dtype = torch.float32,
+                    tokenizer: bool = True, near_ties: bool = True, **kw) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    random_model(arch, seed, dtype, near_ties, **kw).save_pretrained(folder)
     if tokenizer:
         make_tokenizer(folder)
     return folder
