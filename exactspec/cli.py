@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from .errors import ExactSpecError
@@ -63,7 +64,60 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--minutes", type=float, default=20.0)
     s.add_argument("--hidden", type=int, default=192)
     s.add_argument("--layers", type=int, default=2)
+    f = sub.add_parser("diff", help="why two greedy outputs of a transformers model differ (JSON report)")
+    f.add_argument("--model", required=True, help="HF checkpoint folder")
+    f.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    f.add_argument("--prompt", default=None, help="prompt text (needs tokenizer.json)")
+    f.add_argument("--prompt-ids", default=None, help="prompt token ids, comma-separated")
+    f.add_argument("--a", default="greedy", help="setting of run A: greedy, assisted[:K], lookup[:N]")
+    f.add_argument("--b", default=None, help="setting of run B (default: assisted with --draft, else lookup:4)")
+    f.add_argument("--draft", default=None, help="assistant checkpoint folder for 'assisted'")
+    f.add_argument("--max-new-tokens", type=int, default=256)
+    f.add_argument("--tokens-a", default=None, help="instead of running: run A's ids (prompt + output)")
+    f.add_argument("--tokens-b", default=None, help="instead of running: run B's ids (prompt + output)")
+    f.add_argument("--prompt-len", type=int, default=0, help="prompt length within --tokens-a/--tokens-b")
+    f.add_argument("--patch", action="store_true", help="run the model under exactspec.hf.patch")
     return ap
+
+
+def cmd_diff(a: argparse.Namespace) -> int:
+    import contextlib
+    from pathlib import Path
+
+    from . import diff
+    from .errors import InvalidArgumentError
+    from .tokenizer import Tokenizer
+    model = diff.load_hf(a.model, a.dtype)
+    tok = Tokenizer(Path(a.model)) if (Path(a.model) / "tokenizer.json").is_file() else None
+    ctx = contextlib.nullcontext()
+    if a.patch:
+        from . import hf
+        ctx = hf.patch(model)
+    with ctx:
+        if a.tokens_a is not None or a.tokens_b is not None:
+            if a.tokens_a is None or a.tokens_b is None:
+                raise InvalidArgumentError("--tokens-a and --tokens-b go together")
+            report = diff.explain(model, diff.parse_ids(a.tokens_a, "--tokens-a"),
+                                  diff.parse_ids(a.tokens_b, "--tokens-b"), a.prompt_len, tok)
+        else:
+            if (a.prompt is None) == (a.prompt_ids is None):
+                raise InvalidArgumentError("give exactly one of --prompt and --prompt-ids (or --tokens-a/--tokens-b)")
+            if a.prompt is not None:
+                if tok is None:
+                    raise InvalidArgumentError(f"--prompt: {a.model} has no tokenizer.json; use --prompt-ids")
+                ids = tok.encode(a.prompt)
+            else:
+                ids = diff.parse_ids(a.prompt_ids, "--prompt-ids")
+            draft = diff.load_hf(a.draft, a.dtype) if a.draft else None
+            b = a.b or ("assisted" if draft is not None else "lookup:4")
+            report = diff.compare(model, ids, diff.parse_setting(a.a, draft), diff.parse_setting(b, draft),
+                                  a.max_new_tokens, tok)
+            report["settings"] = {"a": a.a, "b": b, "patched": a.patch}
+    if tok is not None and "tokens_a" in report:
+        report["text_a"], report["text_b"] = tok.decode(report["tokens_a"]), tok.decode(report["tokens_b"])
+    text = json.dumps(report, indent=2)  # token id lists on one line each:
+    print(re.sub(r"\[[\d,\s-]*\]", lambda m: json.dumps(json.loads(m.group(0))), text))
+    return 0
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
@@ -146,7 +200,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "serve": cmd_serve, "demo": cmd_demo, "distill": cmd_distill}[a.cmd](a)
+        return {"generate": cmd_generate, "serve": cmd_serve, "demo": cmd_demo, "distill": cmd_distill,
+                "diff": cmd_diff}[a.cmd](a)
     except ExactSpecError as e:
         print(f"exactspec: error: {e}", file=sys.stderr)
         return 2
