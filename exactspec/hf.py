@@ -46,8 +46,9 @@ TRANSFORMERS_RANGE = ((5, 0), (6, 0))  # [low, high)
 ATTN_NAME = "exactspec"
 _NORM_CLASSES = tuple(f"{p}RMSNorm" for p in ("Llama", "Mistral", "Qwen2", "Qwen3"))
 _ROTARY_CLASSES = tuple(f"{p}RotaryEmbedding" for p in ("Llama", "Mistral", "Qwen2", "Qwen3"))
+_MLP_CLASSES = tuple(f"{p}MLP" for p in ("Llama", "Mistral", "Qwen2", "Qwen3"))
 _CONTAINERS = tuple(f"{p}{s}" for p in ("Llama", "Mistral", "Qwen2", "Qwen3")
-                    for s in ("ForCausalLM", "Model", "DecoderLayer", "Attention", "MLP"))
+                    for s in ("ForCausalLM", "Model", "DecoderLayer", "Attention"))
 
 
 def _transformers():
@@ -77,51 +78,100 @@ def check_transformers_version(version: str | None = None) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Replacement forwards. Each takes the module first; `Patch` binds them with functools.partial.
+# Replacement forwards, installed as each module's instance `forward`.
 # ---------------------------------------------------------------------------------------------
 
-def _rows(x: torch.Tensor, name: str) -> torch.Tensor:
-    if x.device.type != "cpu":
+def _rows(x: torch.Tensor, name: str) -> np.ndarray:
+    """(..., K) input -> (M, K) float32 C-contiguous array (bfloat16 widens exactly)."""
+    if not x.is_cpu:
         raise InvalidArgumentError(f"{name}: input is on {x.device}; exactspec's kernels run on CPU only")
-    if torch.is_grad_enabled() and x.requires_grad:
+    if x.requires_grad and torch.is_grad_enabled():
         raise InvalidArgumentError(f"{name}: exactspec.hf is inference-only (no autograd through its kernels); "
                                    "run the model under torch.no_grad() or torch.inference_mode()")
-    return x.reshape(-1, x.shape[-1]).float()
+    r = x.reshape(-1, x.shape[-1])
+    return (r.float() if r.dtype != torch.float32 else r.contiguous()).numpy()
+
+
+def _out(y: np.ndarray, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    t = torch.from_numpy(y)
+    return (t if dtype == torch.float32 else t.to(dtype)).view(*shape)
+
+
+class _Packed:
+    """Packed weights of one or more nn.Linear (concatenated along outputs), re-packed whenever a
+    weight or bias is replaced or changed in place."""
+
+    def __init__(self, *linears: nn.Linear):
+        self.linears = linears
+        self.key: tuple = ()
+        self.packed: kernels.PackedWeight | None = None
+
+    def get(self) -> kernels.PackedWeight:
+        key = tuple((id(t), t.data_ptr(), t._version) for m in self.linears for t in (m.weight, m.bias)
+                    if t is not None)
+        if key != self.key:
+            with torch.no_grad():
+                w = torch.cat([m.weight.detach() for m in self.linears])
+                bias = None
+                if any(m.bias is not None for m in self.linears):
+                    bias = torch.cat([m.bias.detach().float() if m.bias is not None else torch.zeros(m.out_features)
+                                      for m in self.linears])
+                self.packed = kernels.pack_weight(w, bias)
+            self.key = key
+        return self.packed
 
 
 class _Linear:
-    """nn.Linear.forward through kernels.linear, the packed weight cached while the tensors are unchanged."""
+    """nn.Linear.forward through kernels.linear; the result is cast to the weight's dtype, as torch does."""
 
     def __init__(self, module: nn.Linear, name: str):
-        self.module, self.name = module, name
-        self.key: tuple | None = None
-        self.packed: kernels.PackedWeight | None = None
+        self.module, self.name, self.weights = module, name, _Packed(module)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        m = self.module
-        if x.dtype != m.weight.dtype:
-            raise InvalidArgumentError(f"{self.name}: input dtype {x.dtype} does not match weight dtype {m.weight.dtype}")
+        dtype = self.module.weight.dtype
+        if x.dtype != dtype:
+            raise InvalidArgumentError(f"{self.name}: input dtype {x.dtype} does not match weight dtype {dtype}")
+        y = kernels.linear_np(_rows(x, self.name), self.weights.get())
+        return _out(y, (*x.shape[:-1], y.shape[1]), dtype)
+
+
+class _MLP:
+    """The SwiGLU MLP, down(silu(gate(x)) * up(x)), as two linear kernel calls: gate and up packed
+    together, silu * up per row, down. Intermediates stay float32 (transformers rounds them to the
+    model dtype; the result is closer to float64, and as invariant)."""
+
+    def __init__(self, module: nn.Module, name: str):
+        self.name = name
+        self.dtype_of = module.down_proj
+        self.gate_up, self.down = _Packed(module.gate_proj, module.up_proj), _Packed(module.down_proj)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = self.dtype_of.weight.dtype
+        if x.dtype != dtype:
+            raise InvalidArgumentError(f"{self.name}: input dtype {x.dtype} does not match weight dtype {dtype}")
+        h = kernels.silu_mul_np(kernels.linear_np(_rows(x, self.name), self.gate_up.get()))
+        y = kernels.linear_np(h, self.down.get())
+        return _out(y, (*x.shape[:-1], y.shape[1]), dtype)
+
+
+class _RMSNorm:
+    """transformers: w * (x.float() * rsqrt(mean(x^2) + eps)).to(x.dtype). The kernel computes the
+    normalized row (times a weight of ones: exact); the weight multiply stays as transformers does it."""
+
+    def __init__(self, module: nn.Module, name: str):
+        self.module, self.name = module, name
+        self.ones = np.ones(module.weight.shape[-1], np.float32)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = _rows(x, self.name)
-        b = m.bias
-        key = (m.weight.data_ptr(), m.weight._version, None if b is None else (b.data_ptr(), b._version))
-        if key != self.key:  # first call, or the weights were changed in place / replaced
-            with torch.no_grad():
-                self.packed = kernels.pack_weight(m.weight.detach(), None if b is None else b.detach())
-            self.key = key
-        y = kernels.linear(rows, self.packed)
-        return y.reshape(*x.shape[:-1], y.shape[-1]).to(m.weight.dtype)
-
-
-def _rmsnorm(module: nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
-    # transformers: w * (x.float() * rsqrt(mean(x^2) + eps)).to(x.dtype). The kernel computes the
-    # normalized row (times a weight of ones: exact); the weight multiply stays as transformers does it.
-    h = x.shape[-1]
-    y = kernels.rmsnorm(_rows(x, name), np.ones(h, np.float32), module.variance_epsilon)
-    return module.weight * y.reshape(x.shape).to(x.dtype)
+        y = np.empty_like(rows)
+        if rows.shape[0]:
+            kernels._rmsnorm(rows, self.ones, np.float32(self.module.variance_epsilon), y)
+        return self.module.weight * _out(y, x.shape, x.dtype)
 
 
 def _silu(name: str, x: torch.Tensor) -> torch.Tensor:
-    return kernels.silu(_rows(x, name)).reshape(x.shape).to(x.dtype)
+    return kernels.silu(torch.from_numpy(_rows(x, name))).reshape(x.shape).to(x.dtype)
 
 
 class _Rotary:
@@ -156,17 +206,30 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
         raise InvalidArgumentError("exactspec attention: dropout > 0 (training mode?); call model.eval()")
     B, Hq, T, D = query.shape
     S = key.shape[2]
-    if attention_mask is None:  # no mask was asked for: plain causal, queries are the last T positions
-        i = torch.arange(T)[:, None] + (S - T)
-        mask = (torch.arange(S)[None, :] <= i)[None]
-    else:
-        if attention_mask.dtype != torch.bool or attention_mask.shape[1] != 1 or attention_mask.shape[-1] != S:
-            raise InvalidArgumentError(f"exactspec attention: expected a (B, 1, T, {S}) boolean mask, got "
-                                       f"{attention_mask.dtype} {tuple(attention_mask.shape)}")
-        mask = attention_mask[:, 0]
+    mask = _mask_array(attention_mask, T, S)
     scale = scaling if scaling is not None else D ** -0.5
     out = kernels.masked_attention(query.float(), key.float(), value.float(), mask, scale)
     return out.to(query.dtype), None
+
+
+_last_mask: tuple = (None, 0, None)  # (mask tensor, its version, its array): every layer of a forward gets the same mask
+
+
+def _mask_array(attention_mask: torch.Tensor | None, T: int, S: int) -> np.ndarray:
+    """The (B|1, 1, T, S) boolean mask as a (B|1, T, S) uint8 array, converted once per forward."""
+    global _last_mask
+    if attention_mask is None:  # no mask was asked for: plain causal, queries are the last T positions
+        i = torch.arange(T)[:, None] + (S - T)
+        return (torch.arange(S)[None, :] <= i)[None].to(torch.uint8).numpy()
+    last, version, arr = _last_mask
+    if last is attention_mask and version == attention_mask._version:
+        return arr
+    if attention_mask.dtype != torch.bool or attention_mask.shape[1] != 1 or attention_mask.shape[-1] != S:
+        raise InvalidArgumentError(f"exactspec attention: expected a (B, 1, T, {S}) boolean mask, got "
+                                   f"{attention_mask.dtype} {tuple(attention_mask.shape)}")
+    arr = attention_mask[:, 0].to(torch.uint8).contiguous().numpy()
+    _last_mask = (attention_mask, attention_mask._version, arr)
+    return arr
 
 
 def _mask(**kwargs):
@@ -225,6 +288,8 @@ def _check(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
             kinds.append((name, m, "rotary"))
         elif cls == "SiLUActivation" or isinstance(m, nn.SiLU):
             kinds.append((name, m, "silu"))
+        elif cls in _MLP_CLASSES:
+            kinds.append((name, m, "mlp"))
         elif isinstance(m, (nn.Embedding, nn.Dropout, nn.Identity, nn.ModuleList)) or cls in _CONTAINERS:
             pass
         else:
@@ -245,8 +310,10 @@ class Patch:
         for name, m, kind in kinds:
             if kind == "linear":
                 fwd: Callable = _Linear(m, name)
+            elif kind == "mlp":
+                fwd = _MLP(m, name)
             elif kind == "norm":
-                fwd = _bind(_rmsnorm, m, name)
+                fwd = _RMSNorm(m, name)
             elif kind == "rotary":
                 fwd = _Rotary(m)
             else:

@@ -180,19 +180,22 @@ _linear_bf16_serial = njit(cache=True)(_linear_bf16.py_func)
 SERIAL_WORK = 1 << 18  # multiply-adds below which a call runs on the calling thread (~30 us)
 
 
+def linear_np(x: np.ndarray, w: PackedWeight) -> np.ndarray:
+    """x (M, K) float32 C-contiguous -> (M, N) float32."""
+    y = np.empty((x.shape[0], w.n), np.float32)
+    if x.shape[0]:
+        serial = x.shape[0] * w.n * w.k < SERIAL_WORK
+        if w.bf16:
+            kern = _linear_bf16_serial if serial else _linear_bf16
+        else:
+            kern = _linear_f32_serial if serial else _linear_f32
+        kern(x, w.data, w.bias, y)
+    return y
+
+
 def linear(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     """x (M, K) float32 -> (M, N) float32."""
-    x = x.contiguous()
-    y = torch.empty((x.shape[0], w.n), dtype=torch.float32)
-    if x.shape[0] == 0:
-        return y
-    serial = x.shape[0] * w.n * w.k < SERIAL_WORK
-    if w.bf16:
-        kern = _linear_bf16_serial if serial else _linear_bf16
-    else:
-        kern = _linear_f32_serial if serial else _linear_f32
-    kern(x.numpy(), w.data, w.bias, y.numpy())
-    return y
+    return torch.from_numpy(linear_np(x.contiguous().numpy(), w))
 
 
 def linear_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -265,11 +268,15 @@ def _silu_mul(gu, y):
     return y
 
 
-def silu_mul(gu: torch.Tensor) -> torch.Tensor:
-    y = torch.empty(gu.shape[0], gu.shape[1] // 2)
+def silu_mul_np(gu: np.ndarray) -> np.ndarray:
+    y = np.empty((gu.shape[0], gu.shape[1] // 2), np.float32)
     if gu.shape[0]:
-        _silu_mul(gu.contiguous().numpy(), y.numpy())
+        _silu_mul(gu, y)
     return y
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(silu_mul_np(gu.contiguous().numpy()))
 
 
 def silu_mul_ref(gu: torch.Tensor) -> torch.Tensor:
@@ -592,16 +599,15 @@ def _masked_attention(q, kt, v, mask, scale, out):
 _masked_attention_serial = njit(cache=True)(_masked_attention.py_func)
 
 
-def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: np.ndarray,
                      scale: float) -> torch.Tensor:
-    """transformers layout: q (B, Hq, T, D), k/v (B, Hkv, S, D) float32, mask (B or 1, T, S) bool
-    (True = attend) -> (B, T, Hq, D) float32."""
+    """transformers layout: q (B, Hq, T, D), k/v (B, Hkv, S, D) float32, mask (B or 1, T, S) uint8
+    C-contiguous (1 = attend) -> (B, T, Hq, D) float32."""
     B, Hq, T, D = q.shape
     out = torch.empty(B, T, Hq, D)
     if out.numel():
         kt = k.transpose(2, 3).contiguous()
         work = B * Hq * T * D * k.shape[2] * 2
         kern = _masked_attention_serial if work < SERIAL_WORK else _masked_attention
-        kern(q.contiguous().numpy(), kt.numpy(), v.contiguous().numpy(), mask.to(torch.uint8).contiguous().numpy(),
-             np.float32(scale), out.numpy())
+        kern(q.contiguous().numpy(), kt.numpy(), v.contiguous().numpy(), mask, np.float32(scale), out.numpy())
     return out
