@@ -30,8 +30,9 @@ Anything else raises UnsupportedModelError or InvalidArgumentError before anythi
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -224,8 +225,8 @@ def _mask_array(attention_mask: torch.Tensor | None, T: int, S: int) -> np.ndarr
     last, version, arr = _last_mask
     if last is attention_mask and version == attention_mask._version:
         return arr
-    if attention_mask.dtype != torch.bool or attention_mask.shape[1] != 1 or attention_mask.shape[-1] != S:
-        raise InvalidArgumentError(f"exactspec attention: expected a (B, 1, T, {S}) boolean mask, got "
+    if attention_mask.dtype != torch.bool or attention_mask.shape[1] != 1 or attention_mask.shape[2:] != (T, S):
+        raise InvalidArgumentError(f"exactspec attention: expected a (B, 1, {T}, {S}) boolean mask, got "
                                    f"{attention_mask.dtype} {tuple(attention_mask.shape)}")
     arr = attention_mask[:, 0].to(torch.uint8).contiguous().numpy()
     _last_mask = (attention_mask, attention_mask._version, arr)
@@ -299,27 +300,18 @@ def _check(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
 
 
 class Patch:
-    """An installed patch of one model. Use as a context manager, or call `undo()`. Patching a model
-    that is already patched returns a handle to the same installation (undone when the last handle is)."""
+    """The installation on one model: replacement forwards in place, and what to restore."""
 
     def __init__(self, model: nn.Module):
-        kinds = _check(model)
+        kinds = _check(model)  # raises before anything is changed
         _register()
+        make = {"linear": _Linear, "mlp": _MLP, "norm": _RMSNorm, "rotary": lambda m, name: _Rotary(m),
+                "silu": lambda m, name: functools.partial(_silu, name)}
+        forwards = [(m, make[kind](m, name)) for name, m, kind in kinds]
         self.model = model
-        self.saved: list[tuple[nn.Module, object]] = []
-        for name, m, kind in kinds:
-            if kind == "linear":
-                fwd: Callable = _Linear(m, name)
-            elif kind == "mlp":
-                fwd = _MLP(m, name)
-            elif kind == "norm":
-                fwd = _RMSNorm(m, name)
-            elif kind == "rotary":
-                fwd = _Rotary(m)
-            else:
-                fwd = _bind(_silu, name)
-            self.saved.append((m, m.__dict__.get("forward")))
-            m.__dict__["forward"] = fwd
+        self.saved = [(m, m.__dict__.get("forward")) for m, _ in forwards]
+        for m, fwd in forwards:
+            m.__dict__["forward"] = fwd  # an instance attribute: shadows the class's forward
         self.attn = model.config._attn_implementation
         model.config._attn_implementation = ATTN_NAME
 
@@ -330,12 +322,6 @@ class Patch:
             else:
                 m.__dict__["forward"] = old
         self.model.config._attn_implementation = self.attn
-
-
-def _bind(fn: Callable, *first) -> Callable:
-    def forward(*args, **kwargs):
-        return fn(*first, *args, **kwargs)
-    return forward
 
 
 _lock = threading.RLock()
