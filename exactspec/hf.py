@@ -15,7 +15,8 @@ How (instance-level, nothing global is left behind):
   the patch is on (memory: one extra copy of the weights);
 * each `*RMSNorm` -> `kernels.rmsnorm` (per row, sum of squares in index order), then the weight
   multiply in torch as transformers does it;
-* the MLP's SiLU -> `kernels.silu` (one scalar exp per element: no vector body / tail split);
+* each SwiGLU MLP -> gate and up in one `kernels.linear` call, `kernels.silu_mul` per row (one
+  scalar exp per element: no vector body / tail split), down; intermediates stay float32;
 * the rotary embedding -> a cos/sin table computed per position by scalar libm (an entry never
   depends on how many positions a call asks for);
 * attention -> `kernels.masked_attention`, registered with transformers' `AttentionInterface` as
@@ -30,7 +31,6 @@ Anything else raises UnsupportedModelError or InvalidArgumentError before anythi
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 from typing import Iterator
 
@@ -171,10 +171,6 @@ class _RMSNorm:
         return self.module.weight * _out(y, x.shape, x.dtype)
 
 
-def _silu(name: str, x: torch.Tensor) -> torch.Tensor:
-    return kernels.silu(torch.from_numpy(_rows(x, name))).reshape(x.shape).to(x.dtype)
-
-
 class _Rotary:
     """Rotary cos/sin from a per-position table (scalar libm per entry), grown as positions demand."""
 
@@ -287,10 +283,10 @@ def _check(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
                 raise UnsupportedModelError(f"exactspec.hf: rope type {rope!r} at {name}; supported: "
                                             f"{', '.join(SUPPORTED_ROPE_TYPES)}")
             kinds.append((name, m, "rotary"))
-        elif cls == "SiLUActivation" or isinstance(m, nn.SiLU):
-            kinds.append((name, m, "silu"))
         elif cls in _MLP_CLASSES:
             kinds.append((name, m, "mlp"))
+        elif name.endswith("mlp.act_fn") and cls == "SiLUActivation":
+            pass  # the patched MLP computes silu itself
         elif isinstance(m, (nn.Embedding, nn.Dropout, nn.Identity, nn.ModuleList)) or cls in _CONTAINERS:
             pass
         else:
@@ -305,8 +301,7 @@ class Patch:
     def __init__(self, model: nn.Module):
         kinds = _check(model)  # raises before anything is changed
         _register()
-        make = {"linear": _Linear, "mlp": _MLP, "norm": _RMSNorm, "rotary": lambda m, name: _Rotary(m),
-                "silu": lambda m, name: functools.partial(_silu, name)}
+        make = {"linear": _Linear, "mlp": _MLP, "norm": _RMSNorm, "rotary": lambda m, name: _Rotary(m)}
         forwards = [(m, make[kind](m, name)) for name, m, kind in kinds]
         self.model = model
         self.saved = [(m, m.__dict__.get("forward")) for m, _ in forwards]

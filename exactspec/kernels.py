@@ -525,24 +525,6 @@ def rope_table(inv_freq: torch.Tensor, n_pos: int) -> tuple[torch.Tensor, torch.
 # Kernels for patched transformers models (exactspec.hf), in transformers' tensor layouts.
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True)
-def _silu(x, y):
-    for m in range(x.shape[0]):
-        for i in range(x.shape[1]):
-            g = x[m, i]
-            y[m, i] = g / (np.float32(1.0) + np.float32(math.exp(-g)))
-    return y
-
-
-def silu(x: torch.Tensor) -> torch.Tensor:
-    """(M, I) float32 -> silu, each element by the same scalar exp (no vector body / tail split)."""
-    x = x.contiguous()
-    y = torch.empty_like(x)
-    if x.numel():
-        _silu(x.numpy(), y.numpy())
-    return y
-
-
 @njit(parallel=True, cache=True)
 def _masked_attention(q, kt, v, mask, scale, out):
     # q (B, Hq, T, D); kt (B, Hkv, D, S); v (B, Hkv, S, D); mask (B or 1, T, S) uint8, 1 = attend;

@@ -2,6 +2,7 @@
 import math
 
 import pytest
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -133,6 +134,34 @@ def test_attention_close_to_reference_and_invariant(window):
         assert torch.equal(one, out[r:r + 1])
     perm = torch.randperm(T)
     assert torch.equal(K.attention(q[perm], kt2, vc2, torch.full((T,), 2), pos[perm], 0.25, window), out[perm])
+
+
+@pytest.mark.parametrize("window", [0, 16])
+def test_masked_attention_equals_the_engine_kernel_and_ignores_masked_keys(window):
+    """transformers-layout attention (exactspec.hf): a row's bits equal the engine kernel's for the
+    same visible keys, and keys it may not attend (even NaN/inf ones, padding) never touch it."""
+    torch.manual_seed(2)
+    T, Hq, Hkv, D = 40, 4, 2, 32
+    q, k, v = torch.randn(T, Hq, D), torch.randn(T, Hkv, D), torch.randn(T, Hkv, D)
+    kt, vc = _cache_with(k, v, 64, 0, 1)
+    want = K.attention(q, kt, vc, torch.zeros(T, dtype=torch.long), torch.arange(T), 0.25, window)
+    i = torch.arange(T)
+    mask = i[None, :] <= i[:, None]
+    if window:
+        mask &= i[None, :] > i[:, None] - window
+    hq, hk, hv = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    got = K.masked_attention(hq, hk, hv, mask[None].to(torch.uint8).numpy(), 0.25)[0]
+    assert torch.equal(got, want)
+    # left padding of 7 junk keys, and a batch of two rows with different pads: same bits
+    pad = 7
+    junk = torch.full((1, Hkv, pad, D), float("nan"))
+    pk, pv = torch.cat([junk, hk], 2), torch.cat([junk.clone().fill_(float("inf")), hv], 2)
+    pmask = torch.cat([torch.zeros(T, pad, dtype=torch.bool), mask], 1)
+    pq = hq[:, :, -5:]
+    out = K.masked_attention(pq, pk, pv, pmask[None, -5:].to(torch.uint8).numpy(), 0.25)[0]
+    assert torch.equal(out, want[-5:])
+    empty = K.masked_attention(pq, pk, pv, np.zeros((1, 5, T + pad), np.uint8), 0.25)
+    assert torch.equal(empty, torch.zeros_like(empty))  # a row that may attend nothing: zeros, not NaN
 
 
 def test_rope_table_entries_do_not_depend_on_length():
