@@ -7,13 +7,15 @@ demo: the shipped pair (demo/target 11M, demo/draft 1.65M), a real prompt.
 the same vocabulary (so assisted generation mostly rejects: it measures verify cost) and prompt
 lookup (a random model loops, so lookup accepts).
 
-For greedy, assisted and prompt-lookup generation: tokens/s unpatched and patched, the ratio
+For greedy, assisted and prompt-lookup generation: tokens/s unpatched and patched (median of
+--repeat runs for the demo, one run for the 0.5B shape), the ratio
 patched/unpatched (>= 1.0: the patch costs nothing), and whether each output equals that
 setting's greedy output (unpatched runs may differ; patched runs must not).
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from pathlib import Path
 
@@ -46,15 +48,19 @@ def qwen_shape_pair(dtype: torch.dtype):
     return t, d, ids
 
 
-def timed_generate(model, ids: torch.Tensor, tokens: int, **kw) -> tuple[float, torch.Tensor]:
+def timed_generate(model, ids: torch.Tensor, tokens: int, repeat: int, **kw) -> tuple[float, torch.Tensor]:
+    """Median tokens/s over `repeat` runs, after a warm-up (numba compile/cache load, allocations)."""
     gc = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
-    model.generate(ids, max_new_tokens=8, **gc, **kw)  # warm-up (numba compile/cache load, allocations)
-    t = time.perf_counter()
-    out = model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, **gc, **kw)
-    return tokens / (time.perf_counter() - t), out
+    model.generate(ids, max_new_tokens=8, **gc, **kw)
+    speeds = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, **gc, **kw)
+        speeds.append(tokens / (time.perf_counter() - t))
+    return statistics.median(speeds), out
 
 
-def run(name: str, target, draft, ids: torch.Tensor, tokens: int) -> None:
+def run(name: str, target, draft, ids: torch.Tensor, tokens: int, repeat: int) -> None:
     settings = [("greedy", {}), ("assisted", dict(assistant_model=draft)),
                 ("prompt lookup", dict(prompt_lookup_num_tokens=5))]
     rows = {}
@@ -63,12 +69,12 @@ def run(name: str, target, draft, ids: torch.Tensor, tokens: int) -> None:
         for label, kw in settings:
             if patched:
                 with exactspec.hf.patch(target):
-                    speed, out = timed_generate(target, ids, tokens, **kw)
+                    speed, out = timed_generate(target, ids, tokens, repeat, **kw)
             else:
-                speed, out = timed_generate(target, ids, tokens, **kw)
+                speed, out = timed_generate(target, ids, tokens, repeat, **kw)
             greedy = out if greedy is None else greedy
             rows[(label, patched)] = (speed, torch.equal(out, greedy))
-    print(f"\n### {name}: {tokens} new tokens, dtype {next(target.parameters()).dtype}")
+    print(f"\n### {name}: {tokens} new tokens, median of {repeat} runs, dtype {next(target.parameters()).dtype}")
     print("| setting | unpatched tok/s | == greedy | patched tok/s | == greedy | patched/unpatched |")
     print("|---|---|---|---|---|---|")
     for label, _ in settings:
@@ -81,15 +87,16 @@ def main() -> None:
     ap.add_argument("--model", default="both", choices=["demo", "0.5b", "both"])
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     import transformers as tf
     tf.logging.set_verbosity_error()
     dtype = getattr(torch, a.dtype)
     print(f"threads: torch {torch.get_num_threads()}; transformers {tf.__version__}")
     if a.model in ("demo", "both"):
-        run("demo pair", *demo_pair(dtype), a.tokens)
+        run("demo pair", *demo_pair(dtype), a.tokens, a.repeat)
     if a.model in ("0.5b", "both"):
-        run("Qwen2.5-0.5B shape (random)", *qwen_shape_pair(dtype), min(a.tokens, 64))
+        run("Qwen2.5-0.5B shape (random)", *qwen_shape_pair(dtype), min(a.tokens, 64), 1)
 
 
 if __name__ == "__main__":
