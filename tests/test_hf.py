@@ -100,6 +100,19 @@ def test_patched_generate_assisted_and_lookup_equal_greedy(arch, dtype):
         assert first_difference(greedy, generate(target, ids, 256, prompt_lookup_num_tokens=4)) is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_patched_batched_generate_with_left_padding_equals_each_prompt_alone(dtype):
+    model = random_model("qwen2", dtype=dtype)
+    short, long = prompt(11, 7), prompt(12, 19)
+    batch = torch.cat([torch.cat([torch.zeros(1, 12, dtype=torch.long), short], 1), long])
+    mask = torch.ones_like(batch)
+    mask[0, :12] = 0
+    with H.patch(model):
+        both = model.generate(batch, attention_mask=mask, max_new_tokens=64, min_new_tokens=64, **GREEDY)
+        assert torch.equal(both[0, 12:], generate(model, short, 64)[0])
+        assert torch.equal(both[1], generate(model, long, 64)[0])
+
+
 def test_unpatched_bfloat16_assisted_generation_drifts_and_patched_does_not():
     """../shared/seed-issue.txt reproduced: transformers' assisted/lookup output leaves greedy output
     (bfloat16, CPU), because the verify forward's products round differently. Then fixed."""
