@@ -31,8 +31,9 @@ Anything else raises UnsupportedModelError or InvalidArgumentError before anythi
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -122,18 +123,40 @@ class _Packed:
         return self.packed
 
 
-class _Linear:
-    """nn.Linear.forward through kernels.linear; the result is cast to the weight's dtype, as torch does."""
+class _Linears:
+    """nn.Linear.forward through kernels.linear, the result cast to the weight's dtype as torch does.
 
-    def __init__(self, module: nn.Linear, name: str):
-        self.module, self.name, self.weights = module, name, _Packed(module)
+    Linears that take the same input (an attention module's q, k and v projections) are grouped:
+    the first call with an input tensor computes all their outputs in one kernel call, and the
+    others' calls with that same tensor take their share. A column's bits are the same either way
+    (each output is its own k-ordered sum), so grouping only saves calls."""
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = self.module.weight.dtype
+    def __init__(self, modules: list[nn.Linear], names: list[str]):
+        self.modules, self.names = modules, names
+        self.weights = _Packed(*modules)
+        self.bounds = np.cumsum([0] + [m.out_features for m in modules]).tolist()
+        self.pending: tuple | None = None  # (input, its version, thread, outputs, indices not yet taken)
+
+    def forward(self, i: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        return functools.partial(self.__call__, i)
+
+    def __call__(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        dtype = self.modules[i].weight.dtype
         if x.dtype != dtype:
-            raise InvalidArgumentError(f"{self.name}: input dtype {x.dtype} does not match weight dtype {dtype}")
-        y = kernels.linear_np(_rows(x, self.name), self.weights.get())
-        return _out(y, (*x.shape[:-1], y.shape[1]), dtype)
+            raise InvalidArgumentError(f"{self.names[i]}: input dtype {x.dtype} does not match weight dtype {dtype}")
+        p = self.pending
+        if p is not None and p[0] is x and p[1] == x._version and p[2] == threading.get_ident() and i in p[4]:
+            y = p[3]
+            p[4].discard(i)
+            if not p[4]:
+                self.pending = None
+        else:
+            y = kernels.linear_np(_rows(x, self.names[i]), self.weights.get())
+            rest = set(range(len(self.modules))) - {i}
+            self.pending = (x, x._version, threading.get_ident(), y, rest) if rest else None
+        lo, hi = self.bounds[i], self.bounds[i + 1]
+        part = y if len(self.modules) == 1 else np.ascontiguousarray(y[:, lo:hi])
+        return _out(part, (*x.shape[:-1], hi - lo), dtype)
 
 
 class _MLP:
@@ -295,14 +318,31 @@ def _check(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     return kinds
 
 
+def _linear_groups(linears: dict[str, nn.Linear]) -> list[list[str]]:
+    """Names of linears to run as one call: each attention module's q/k/v (same input, same dtype);
+    every other linear alone."""
+    groups, taken = [], set()
+    for name in linears:
+        if name.endswith(".q_proj"):
+            trio = [name, name[:-6] + "k_proj", name[:-6] + "v_proj"]
+            if all(n in linears for n in trio) and len({linears[n].weight.dtype for n in trio}) == 1:
+                groups.append(trio)
+                taken.update(trio)
+    return groups + [[n] for n in linears if n not in taken]
+
+
 class Patch:
     """The installation on one model: replacement forwards in place, and what to restore."""
 
     def __init__(self, model: nn.Module):
         kinds = _check(model)  # raises before anything is changed
         _register()
-        make = {"linear": _Linear, "mlp": _MLP, "norm": _RMSNorm, "rotary": lambda m, name: _Rotary(m)}
-        forwards = [(m, make[kind](m, name)) for name, m, kind in kinds]
+        make = {"mlp": _MLP, "norm": _RMSNorm, "rotary": lambda m, name: _Rotary(m)}
+        forwards = [(m, make[kind](m, name)) for name, m, kind in kinds if kind != "linear"]
+        linears = {name: m for name, m, kind in kinds if kind == "linear"}
+        for group in _linear_groups(linears):
+            shared = _Linears([linears[n] for n in group], group)
+            forwards += [(linears[n], shared.forward(i)) for i, n in enumerate(group)]
         self.model = model
         self.saved = [(m, m.__dict__.get("forward")) for m, _ in forwards]
         for m, fwd in forwards:

@@ -98,6 +98,7 @@ def test_patched_generate_assisted_and_lookup_equal_greedy(arch, dtype):
         assert first_difference(greedy, generate(target, ids, 256, assistant_model=draft)) is None
         assert first_difference(greedy, generate(target, ids, 256, assistant_model=target)) is None
         assert first_difference(greedy, generate(target, ids, 256, prompt_lookup_num_tokens=4)) is None
+        assert first_difference(greedy, generate(target, ids, 256, cache_implementation="static")) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -165,7 +166,26 @@ def test_patched_model_follows_weights_changed_in_place():
         a = model(ids).logits
         model.lm_head.weight.mul_(2)
         b = model(ids).logits
-    assert torch.allclose(b, 2 * a, rtol=1e-5, atol=1e-6)
+        assert torch.allclose(b, 2 * a, rtol=1e-5, atol=1e-6)
+        model.model.layers[0].self_attn.v_proj.weight.zero_()  # one of a grouped q/k/v call
+        model.model.layers[0].mlp.up_proj.weight.zero_()  # one of the fused gate+up
+        c = model(ids).logits
+    with torch.no_grad():
+        assert torch.allclose(c, model(ids).logits, atol=1e-5)  # == transformers' own forward now
+
+
+def test_grouped_qkv_projection_gives_the_bits_of_separate_calls():
+    model = random_model("qwen2", dtype=torch.bfloat16)  # q/k/v with biases
+    attn = model.model.layers[1].self_attn
+    x = torch.randn(3, 5, model.config.hidden_size).bfloat16()
+    with torch.no_grad(), H.patch(model):
+        grouped = [attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)]
+        alone = [attn.v_proj(x.clone()), attn.k_proj(x.clone()), attn.q_proj(x.clone())][::-1]
+        x2 = x.clone()
+        mixed = attn.k_proj(x2), attn.q_proj(x.clone()), attn.v_proj(x2)  # interleaved inputs
+    for g, a in zip(grouped, alone):
+        assert torch.equal(g, a)
+    assert torch.equal(mixed[0], grouped[1]) and torch.equal(mixed[1], grouped[0]) and torch.equal(mixed[2], grouped[2])
 
 
 def test_global_context_patches_every_model_called_and_undoes():
@@ -230,8 +250,8 @@ def test_the_invariance_check_has_teeth(monkeypatch):
     """Route the patched linears back to torch's F.linear: the bitwise check must then fail."""
     model = random_model("llama")
     ids = prompt(10, 40)
-    monkeypatch.setattr(H._Linear, "__call__", lambda self, x: torch.nn.functional.linear(
-        x, self.module.weight, self.module.bias))
+    monkeypatch.setattr(H._Linears, "__call__", lambda self, i, x: torch.nn.functional.linear(
+        x, self.modules[i].weight, self.modules[i].bias))
     with torch.no_grad(), H.patch(model):
         full = model(ids).logits
         cache = tf.DynamicCache(config=model.config)
