@@ -24,6 +24,13 @@ How (instance-level, nothing global is left behind):
   materializes the boolean mask, so padding and sliding windows are honoured key by key.
 Elementwise adds and multiplies (residuals, rotary mix) stay in torch: they are correctly rounded.
 
+Why modules and not aten overrides (torch.library on mm/addmm/bmm/_softmax/mean/sdpa): an aten
+override cannot reach the other row-count-dependent steps (vectorized rsqrt/exp/cos/sin with a
+scalar tail, the rotary table computed from a call-length arange), would change every torch user
+in the process, and would have to guess a model's masking from sdpa's arguments. Replacing the
+few module types of known architectures covers every step, is checked module by module (an
+unknown module type is an error), and is undone by deleting instance attributes.
+
 Covered: transformers >= 5.0, < 6; model types llama, mistral, qwen2, qwen3; rope types default,
 linear, llama3; float32 or bfloat16 parameters on CPU; inference only (under torch.no_grad()).
 Anything else raises UnsupportedModelError or InvalidArgumentError before anything is changed.
