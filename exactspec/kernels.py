@@ -345,6 +345,40 @@ def qkv_rope_cache(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int, q_
 # softmax max is exact; exp sum and the weighted sum of values run over j ascending.
 # ---------------------------------------------------------------------------------------------
 
+_ALL = np.empty(0, np.uint8)  # "no mask": every key in the range is attended
+
+
+@njit(inline="always")
+def _attend(qv, kk, vv, j0, n, mrow, scale, o):
+    # One query row over keys j0 .. j0+n-1 of kk (D, C) and vv (C, D); mrow (C,) uint8 with
+    # 1 = attend, or empty = all. Scores summed over d in order, vectorized across keys; exact max;
+    # exp, its sum and the weighted sum of values over keys ascending. Keys the mask excludes are
+    # scored but never enter the max, the sum or the output.
+    every = mrow.shape[0] == 0
+    sc = np.zeros(n, np.float32)
+    for d in range(qv.shape[0]):
+        qd = qv[d]
+        krow = kk[d]
+        for j in range(n):
+            sc[j] += qd * krow[j0 + j]
+    mx = np.float32(-np.inf)
+    for j in range(n):
+        sc[j] = sc[j] * scale
+        if (every or mrow[j0 + j] != 0) and sc[j] > mx:
+            mx = sc[j]
+    o[:] = 0.0
+    l = np.float32(0.0)
+    for j in range(n):
+        if every or mrow[j0 + j] != 0:
+            e = np.float32(math.exp(sc[j] - mx))
+            l += e
+            vr = vv[j0 + j]
+            for d in range(o.shape[0]):
+                o[d] += e * vr[d]
+    for d in range(o.shape[0]):
+        o[d] = o[d] / l
+
+
 @njit(parallel=True, cache=True)
 def _attention(q, kt, v, slot, pos, scale, window, out):
     R, Hq, D = q.shape
@@ -353,37 +387,12 @@ def _attention(q, kt, v, slot, pos, scale, window, out):
     for t in prange(R * Hq):
         r = t // Hq
         h = t % Hq
-        g = h // grp
         s = slot[r]
         p = pos[r]
         j0 = 0
         if window > 0 and p - window + 1 > 0:
             j0 = p - window + 1
-        n = p + 1 - j0
-        sc = np.zeros(n, np.float32)
-        kk = kt[s, g]  # (D, C)
-        for d in range(D):
-            qd = q[r, h, d]
-            krow = kk[d]
-            for j in range(n):
-                sc[j] += qd * krow[j0 + j]
-        mx = np.float32(-np.inf)
-        for j in range(n):
-            sc[j] = sc[j] * scale
-            if sc[j] > mx:
-                mx = sc[j]
-        o = out[r, h]
-        o[:] = 0.0
-        l = np.float32(0.0)
-        vv = v[s, g]  # (C, D)
-        for j in range(n):
-            e = np.float32(math.exp(sc[j] - mx))
-            l += e
-            vr = vv[j0 + j]
-            for d in range(D):
-                o[d] += e * vr[d]
-        for d in range(D):
-            o[d] = o[d] / l
+        _attend(q[r, h], kt[s, h // grp], v[s, h // grp], j0, p + 1 - j0, _ALL, scale, out[r, h])
     return out
 
 
@@ -528,53 +537,27 @@ def rope_table(inv_freq: torch.Tensor, n_pos: int) -> tuple[torch.Tensor, torch.
 @njit(parallel=True, cache=True)
 def _masked_attention(q, kt, v, mask, scale, out):
     # q (B, Hq, T, D); kt (B, Hkv, D, S); v (B, Hkv, S, D); mask (B or 1, T, S) uint8, 1 = attend;
-    # out (B, T, Hq, D). Query row t attends the keys its mask row allows, in ascending cache index.
-    # Scores of keys outside [lo, hi] are never formed; those inside but masked are formed and skipped.
-    # So a row's result depends on its own query, its visible keys and their order alone.
+    # out (B, T, Hq, D). Query row t attends the keys its mask row allows, in ascending cache index
+    # (scored over [first, last] allowed key only). So a row's result depends on its own query, its
+    # visible keys and their order alone, and equals `_attention`'s for the same keys.
     B, Hq, T, D = q.shape
-    Hkv = kt.shape[1]
     S = kt.shape[3]
-    grp = Hq // Hkv
+    grp = Hq // kt.shape[1]
     for task in prange(B * Hq * T):
         b = task // (Hq * T)
         h = (task // T) % Hq
         t = task % T
-        g = h // grp
         mrow = mask[b if mask.shape[0] > 1 else 0, t]
-        o = out[b, t, h]
-        o[:] = 0.0
         lo = 0
         while lo < S and mrow[lo] == 0:
             lo += 1
         if lo == S:
-            continue  # a row that may attend nothing (a padding query): zeros
+            out[b, t, h, :] = 0.0  # a row that may attend nothing (a padding query): zeros
+            continue
         hi = S - 1
         while mrow[hi] == 0:
             hi -= 1
-        n = hi + 1 - lo
-        sc = np.zeros(n, np.float32)
-        kk = kt[b, g]
-        for d in range(D):
-            qd = q[b, h, t, d]
-            krow = kk[d]
-            for j in range(n):
-                sc[j] += qd * krow[lo + j]
-        mx = np.float32(-np.inf)
-        for j in range(n):
-            sc[j] = sc[j] * scale
-            if mrow[lo + j] != 0 and sc[j] > mx:
-                mx = sc[j]
-        l = np.float32(0.0)
-        vv = v[b, g]
-        for j in range(n):
-            if mrow[lo + j] != 0:
-                e = np.float32(math.exp(sc[j] - mx))
-                l += e
-                vr = vv[lo + j]
-                for d in range(D):
-                    o[d] += e * vr[d]
-        for d in range(D):
-            o[d] = o[d] / l
+        _attend(q[b, h, t], kt[b, h // grp], v[b, h // grp], lo, hi + 1 - lo, mrow, scale, out[b, t, h])
     return out
 
 
