@@ -172,12 +172,11 @@ class _MLP:
     model dtype; the result is closer to float64, and as invariant)."""
 
     def __init__(self, module: nn.Module, name: str):
-        self.name = name
-        self.dtype_of = module.down_proj
+        self.name, self.down_proj = name, module.down_proj
         self.gate_up, self.down = _Packed(module.gate_proj, module.up_proj), _Packed(module.down_proj)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = self.dtype_of.weight.dtype
+        dtype = self.down_proj.weight.dtype
         if x.dtype != dtype:
             raise InvalidArgumentError(f"{self.name}: input dtype {x.dtype} does not match weight dtype {dtype}")
         h = kernels.silu_mul_np(kernels.linear_np(_rows(x, self.name), self.gate_up.get()))
@@ -425,16 +424,15 @@ def batch_invariant(*models: nn.Module) -> Iterator[None]:
         return
     from transformers import PreTrainedModel
     handles: list[Handle] = []
+    covered: set[int] = set()  # ids of patched models and their submodules (a base model runs inside)
     had = "__call__" in PreTrainedModel.__dict__
     previous = PreTrainedModel.__call__
 
     def call(self, *args, **kwargs):
-        if not is_patched(self) and not getattr(self, "_exactspec_inner", False):
-            with _lock:
+        with _lock:
+            if id(self) not in covered and not is_patched(self):
                 handles.append(patch(self))
-                for sub in self.modules():  # its base model runs inside it: covered by this patch
-                    if sub is not self and hasattr(sub, "config"):
-                        sub._exactspec_inner = True
+                covered.update(id(m) for m in self.modules())
         return previous(self, *args, **kwargs)
 
     PreTrainedModel.__call__ = call
@@ -446,6 +444,4 @@ def batch_invariant(*models: nn.Module) -> Iterator[None]:
         else:
             del PreTrainedModel.__call__
         for h in reversed(handles):
-            for sub in h.model.modules():
-                sub.__dict__.pop("_exactspec_inner", None)
             h.undo()
