@@ -74,9 +74,16 @@ def recompute(model, prefix: Sequence[int], after: Sequence[int] = ()) -> dict[s
     return out
 
 
-def _top2(z: torch.Tensor) -> list[dict]:
+def _measured_noise(model, tokens: list[int], p: int) -> tuple[dict[str, torch.Tensor], float]:
+    """The recomputations of position p's logits, and their largest difference from the whole-prefix one."""
+    runs = recompute(model, tokens[:p], tokens[p:])
+    ref = runs["whole prefix in one call"]
+    return runs, max(float((z - ref).abs().max()) for z in runs.values())
+
+
+def _top2(z: torch.Tensor) -> tuple[list[dict], float]:
     v, i = z.topk(2)
-    return [{"token": int(i[k]), "logit": float(v[k])} for k in range(2)]
+    return [{"token": int(i[k]), "logit": float(v[k])} for k in range(2)], float(v[0] - v[1])
 
 
 def _token(tokenizer, t: int) -> dict:
@@ -110,17 +117,17 @@ def explain(model, tokens_a: Sequence[int], tokens_b: Sequence[int], prompt_len:
     if p is None:
         return report
     ta, tb = a[p], b[p]
-    runs = recompute(model, a[:p], a[p:])
+    runs, noise = _measured_noise(model, a, p)
     ref = runs["whole prefix in one call"]
-    noise = max(float((z - ref).abs().max()) for z in runs.values())
     gap = float(ref[ta] - ref[tb])
     bound = NOISE_FACTOR * noise
     near = abs(gap) <= bound
+    top2, top2_gap = _top2(ref)
     report.update({
         "token_a": _token(tokenizer, ta), "token_b": _token(tokenizer, tb),
-        "top2": _top2(ref), "top2_gap": float(ref.topk(2).values[0] - ref.topk(2).values[1]),
+        "top2": top2, "top2_gap": top2_gap,
         "gap_a_minus_b": gap,
-        "logit_difference": noise,
+        "logit_difference": noise,  # the runs' own logits are unknown here: the recomputations' spread
         "noise": noise, "noise_bound": bound,
         "computations": {k: {"argmax": int(z.argmax()), "logit_a": float(z[ta]), "logit_b": float(z[tb]),
                              "max_abs_difference_from_whole_prefix": float((z - ref).abs().max())}
@@ -163,9 +170,7 @@ def compare(model, prompt_ids: Sequence[int] | torch.Tensor, settings_a: dict, s
         return report
     ta, tb = a[p], b[p]
     la, lb = za[p - n], zb[p - n]
-    runs = recompute(model, a[:p], a[p:])
-    ref = runs["whole prefix in one call"]
-    noise = max(float((z - ref).abs().max()) for z in runs.values())
+    _, noise = _measured_noise(model, a, p)
     bound = NOISE_FACTOR * noise
     diff = float((la - lb).abs().max())
     gap_a, gap_b = float(la[ta] - la[tb]), float(lb[tb] - lb[ta])  # each run's margin for its own choice
@@ -179,11 +184,10 @@ def compare(model, prompt_ids: Sequence[int] | torch.Tensor, settings_a: dict, s
     else:
         reason = (f"the runs' logits at this position differ by {diff:.3g}, beyond the measured noise bound "
                   f"{bound:.3g}: they did not compute the same prefix (cache, positions, masking)")
+    (top2_a, gap2_a), (top2_b, gap2_b) = _top2(la), _top2(lb)
     report.update({
         "token_a": _token(tokenizer, ta), "token_b": _token(tokenizer, tb),
-        "top2_a": _top2(la), "top2_b": _top2(lb),
-        "top2_gap_a": float(la.topk(2).values[0] - la.topk(2).values[1]),
-        "top2_gap_b": float(lb.topk(2).values[0] - lb.topk(2).values[1]),
+        "top2_a": top2_a, "top2_b": top2_b, "top2_gap_a": gap2_a, "top2_gap_b": gap2_b,
         "margin_a": gap_a, "margin_b": gap_b,
         "logit_difference": diff,
         "noise": noise, "noise_bound": bound,
