@@ -90,8 +90,11 @@ def check_transformers_version(version: str | None = None) -> None:
 # Replacement forwards, installed as each module's instance `forward`.
 # ---------------------------------------------------------------------------------------------
 
-def _rows(x: torch.Tensor, name: str) -> np.ndarray:
-    """(..., K) input -> (M, K) float32 C-contiguous array (bfloat16 widens exactly)."""
+def _rows(x: torch.Tensor, name: str, dtype: torch.dtype | None = None) -> np.ndarray:
+    """(..., K) input -> (M, K) float32 C-contiguous array (bfloat16 widens exactly). `dtype`: the
+    dtype the input must have (a linear's weight dtype, as torch requires)."""
+    if dtype is not None and x.dtype != dtype:
+        raise InvalidArgumentError(f"{name}: input dtype {x.dtype} does not match weight dtype {dtype}")
     if not x.is_cpu:
         raise InvalidArgumentError(f"{name}: input is on {x.device}; exactspec's kernels run on CPU only")
     if x.requires_grad and torch.is_grad_enabled():
@@ -149,8 +152,6 @@ class _Linears:
 
     def __call__(self, i: int, x: torch.Tensor) -> torch.Tensor:
         dtype = self.modules[i].weight.dtype
-        if x.dtype != dtype:
-            raise InvalidArgumentError(f"{self.names[i]}: input dtype {x.dtype} does not match weight dtype {dtype}")
         p = self.pending
         if p is not None and p[0] is x and p[1] == x._version and p[2] == threading.get_ident() and i in p[4]:
             y = p[3]
@@ -158,7 +159,7 @@ class _Linears:
             if not p[4]:
                 self.pending = None
         else:
-            y = kernels.linear_np(_rows(x, self.names[i]), self.weights.get())
+            y = kernels.linear_np(_rows(x, self.names[i], dtype), self.weights.get())
             rest = set(range(len(self.modules))) - {i}
             self.pending = (x, x._version, threading.get_ident(), y, rest) if rest else None
         lo, hi = self.bounds[i], self.bounds[i + 1]
@@ -177,9 +178,7 @@ class _MLP:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         dtype = self.down_proj.weight.dtype
-        if x.dtype != dtype:
-            raise InvalidArgumentError(f"{self.name}: input dtype {x.dtype} does not match weight dtype {dtype}")
-        h = kernels.silu_mul_np(kernels.linear_np(_rows(x, self.name), self.gate_up.get()))
+        h = kernels.silu_mul_np(kernels.linear_np(_rows(x, self.name, dtype), self.gate_up.get()))
         y = kernels.linear_np(h, self.down.get())
         return _out(y, (*x.shape[:-1], y.shape[1]), dtype)
 
@@ -193,10 +192,7 @@ class _RMSNorm:
         self.ones = np.ones(module.weight.shape[-1], np.float32)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = _rows(x, self.name)
-        y = np.empty_like(rows)
-        if rows.shape[0]:
-            kernels._rmsnorm(rows, self.ones, np.float32(self.module.variance_epsilon), y)
+        y = kernels.rmsnorm_np(_rows(x, self.name), self.ones, self.module.variance_epsilon)
         return self.module.weight * _out(y, x.shape, x.dtype)
 
 

@@ -232,13 +232,17 @@ def _rmsnorm(x, w, eps, y):
     return y
 
 
+def rmsnorm_np(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x (M, H) float32 C-contiguous, w (H,) float32 -> (M, H)."""
+    y = np.empty_like(x)
+    if x.shape[0]:
+        _rmsnorm(x, w, np.float32(eps), y)
+    return y
+
+
 def rmsnorm(x: torch.Tensor, w: np.ndarray, eps: float) -> torch.Tensor:
     """x (M, H) float32, w (H,) float32 -> (M, H)."""
-    x = x.contiguous()
-    y = torch.empty_like(x)
-    if x.shape[0]:
-        _rmsnorm(x.numpy(), w, np.float32(eps), y.numpy())
-    return y
+    return torch.from_numpy(rmsnorm_np(x.contiguous().numpy(), w, eps))
 
 
 def rmsnorm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -257,3 +257,13 @@ def test_the_invariance_check_has_teeth(monkeypatch):
         cache = tf.DynamicCache(config=model.config)
         steps = torch.cat([model(ids[:, s:s + 1], cache=cache, use_cache=True).logits for s in range(40)], 1)
     assert not torch.equal(steps, full)
+
+
+def test_input_of_another_dtype_than_the_weights_is_named():
+    model = random_model("llama", dtype=torch.bfloat16)
+    x = torch.randn(1, 2, model.config.hidden_size)  # float32 into bfloat16 weights: torch refuses too
+    with torch.no_grad(), H.patch(model):
+        with pytest.raises(InvalidArgumentError, match="lm_head: input dtype torch.float32 does not match"):
+            model.lm_head(x)
+        with pytest.raises(InvalidArgumentError, match="layers.0.mlp: input dtype torch.float32"):
+            model.model.layers[0].mlp(x)
