@@ -6,9 +6,9 @@ whether rounding noise can explain it.
 
 At the first position p where the sequences differ (run A chose token a, run B token b), the
 common prefix's next-token logits are recomputed in several ways that round differently in a
-batch-variant model: the whole prefix in one forward, the last token alone on a cache (a plain
-decoding step), the last 2/4/8 tokens as one call (a verify), and the position as the first row
-of a longer call (a draft verified after it). The spread of those logits is the measured
+batch-variant model: the whole prefix in one forward, the last token alone on a cache, every
+token one at a time (plain decoding: the cached keys were computed by 1-row calls too), and the position as every row o of a c-row call on a cache (c = 2..8: a verify
+chunk of drafts, wherever in the chunk the position fell). The spread of those logits is the measured
 run-to-run noise. `compare` also has each run's own logits at p (transformers' output_logits).
 
 Verdict "numerical near-tie": the a-vs-b gap, and the difference between the two runs' logits,
@@ -19,6 +19,7 @@ measured noise is exactly zero, so any divergence there is a logic bug.
 """
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Sequence
 
@@ -59,18 +60,23 @@ def recompute(model, prefix: Sequence[int], after: Sequence[int] = ()) -> dict[s
     out = {}
     with torch.no_grad():
         out["whole prefix in one call"] = _forward(model, ids)[-1]
-        for c in (1, 2, 4, 8):
-            if c < n:
-                cache = _new_cache(model)
-                _forward(model, ids[:, :n - c], cache)
-                name = "one token on a cache" if c == 1 else f"last {c} tokens in one call on a cache"
-                out[name] = _forward(model, ids[:, n - c:], cache)[-1]
-        for c in (2, 4, 8):
-            if 1 < n and c - 1 <= len(after):
-                cache = _new_cache(model)
-                _forward(model, ids[:, :n - 1], cache)
-                chunk = torch.cat([ids[:, n - 1:], torch.tensor([list(after[:c - 1])])], 1)
-                out[f"first of {c} rows on a cache"] = _forward(model, chunk, cache)[0]
+        cache = _new_cache(model)  # plain decoding: every earlier key and value computed one token at a time
+        for i in range(n):
+            z = _forward(model, ids[:, i:i + 1], cache)[-1]
+        out["every token one at a time on a cache"] = z
+        for o in range(8):  # position p as row o + 1 of a c-row call on a cache (a verify chunk)
+            if o + 1 >= n:
+                break
+            base = _new_cache(model)
+            _forward(model, ids[:, :n - 1 - o], base)
+            for c in range(max(2, o + 1), 9):
+                if c - 1 - o > len(after):
+                    break
+                cache = copy.deepcopy(base)
+                chunk = torch.cat([ids[:, n - 1 - o:], torch.tensor([list(after[:c - 1 - o])], dtype=ids.dtype)], 1)
+                out[f"row {o + 1} of {c} on a cache"] = _forward(model, chunk, cache)[o]
+            if o == 0:
+                out["one token on a cache"] = _forward(model, ids[:, n - 1:], copy.deepcopy(base))[-1]
     return out
 
 
