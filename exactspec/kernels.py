@@ -26,8 +26,10 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-NB = 64  # output columns per packed weight block: one thread task, 8 AVX2 / 4 AVX-512 lanes wide
-MC = 8  # rows accumulated per pass over a weight block (the block stays in L1/L2 across passes)
+from . import tile
+
+MR_MAX = tile.MR_MAX  # rows per register tile on this target (speed only, never the bits)
+NL = tile.NL  # output lanes per packed weight block
 
 
 def set_num_threads(n: int) -> None:
@@ -37,12 +39,13 @@ def set_num_threads(n: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Linear: y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]), k ascending, no FMA.
+# Linear: y[m, n] = fma(x[m, K-1], w[n, K-1], ... fma(x[m, 0], w[n, 0], +0.0)) (+ b[n]):
+# one FMA chain per output, k ascending (tile.py). Threads split output blocks.
 # ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """A (N, K) weight packed as (ceil(N/NB), K, NB) so each thread task reads one contiguous block.
+    """A (N, K) weight packed as (ceil(N/NL), K, NL) so each thread task reads one contiguous block.
 
     `data` is float32, or uint16 holding bfloat16 bits (widened exactly in the kernel).
     `bias` is float32 (N,) or an empty array.
@@ -65,118 +68,56 @@ class PackedWeight:
 
 
 def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
-    """Pack a (N, K) float32 or bfloat16 tensor. Zero-pads N up to a multiple of NB."""
+    """Pack a (N, K) float32 or bfloat16 tensor. Zero-pads N up to a multiple of NL."""
     n, k = w.shape
-    nblk = (n + NB - 1) // NB
+    nblk = (n + NL - 1) // NL
     if w.dtype == torch.bfloat16:
         src, dt = w.contiguous().view(torch.int16).numpy().view(np.uint16), np.uint16
     elif w.dtype == torch.float32:
         src, dt = w.contiguous().numpy(), np.float32
     else:
         raise TypeError(f"pack_weight: dtype {w.dtype} (float32 or bfloat16 expected)")
-    padded = np.zeros((nblk * NB, k), dt)
+    padded = np.zeros((nblk * NL, k), dt)
     padded[:n] = src
-    data = np.ascontiguousarray(padded.reshape(nblk, NB, k).transpose(0, 2, 1))  # (nblk, K, NB)
+    data = np.ascontiguousarray(padded.reshape(nblk, NL, k).transpose(0, 2, 1))  # (nblk, K, NL)
     b = np.empty(0, np.float32) if bias is None else bias.float().contiguous().numpy().copy()
     return PackedWeight(data, n, k, b)
 
 
 @njit(inline="always")
-def _axpy4(a, x0, x1, x2, x3, w0, w1, w2, w3, nb):
-    # Four k-steps applied in order; vectorized over the nb output lanes.
-    for j in range(nb):
-        s = a[j]
-        s += x0 * w0[j]
-        s += x1 * w1[j]
-        s += x2 * w2[j]
-        s += x3 * w3[j]
-        a[j] = s
-
-
-@njit(inline="always")
-def _store(y, acc, bias, m0, mc, n0, nb):
-    for m in range(mc):
-        if bias.shape[0] > 0:
-            for j in range(nb):
-                y[m0 + m, n0 + j] = acc[m, j] + bias[n0 + j]
-        else:
-            for j in range(nb):
-                y[m0 + m, n0 + j] = acc[m, j]
-
-
-@njit(parallel=True, cache=True)
-def _linear_f32(x, w, bias, y):
-    M, K = x.shape
-    N = y.shape[1]
-    K4 = K - K % 4
-    for b in prange(w.shape[0]):
-        n0 = b * NB
-        nb = min(NB, N - n0)
-        acc = np.empty((MC, NB), np.float32)
-        blk = w[b]  # (K, NB)
-        for m0 in range(0, M, MC):
-            mc = min(MC, M - m0)
-            acc[:] = 0.0
-            for k in range(0, K4, 4):
-                for m in range(mc):
-                    xr = x[m0 + m]
-                    _axpy4(acc[m], xr[k], xr[k + 1], xr[k + 2], xr[k + 3],
-                           blk[k], blk[k + 1], blk[k + 2], blk[k + 3], nb)
-            for k in range(K4, K):
-                for m in range(mc):
-                    xv = x[m0 + m, k]
-                    a = acc[m]
-                    wr = blk[k]
-                    for j in range(nb):
-                        a[j] += xv * wr[j]
-            _store(y, acc, bias, m0, mc, n0, nb)
-    return y
+def _linear_block(x, w, bias, y, b):
+    # Output block b (NL columns) for every row of x, in tiles of at most MR_MAX rows split evenly
+    # (M = 11 -> 6 + 5): each weight vector is read once per tile, the rows' chains never mix.
+    M = x.shape[0]
+    n0 = b * NL
+    nb = min(NL, y.shape[1] - n0)
+    t = np.empty((MR_MAX, NL), np.float32)
+    ntiles = (M + MR_MAX - 1) // MR_MAX
+    m0 = 0
+    for i in range(ntiles):
+        mr = (M - m0 + ntiles - i - 1) // (ntiles - i)
+        tile.run_tile(mr, x, m0, w, b, t)
+        for m in range(mr):
+            if bias.shape[0] > 0:
+                for j in range(nb):
+                    y[m0 + m, n0 + j] = t[m, j] + bias[n0 + j]
+            else:
+                for j in range(nb):
+                    y[m0 + m, n0 + j] = t[m, j]
+        m0 += mr
 
 
 @njit(parallel=True, cache=True)
-def _linear_bf16(x, w, bias, y):
-    M, K = x.shape
-    N = y.shape[1]
-    K4 = K - K % 4
+def _linear(x, w, bias, y):
     for b in prange(w.shape[0]):
-        n0 = b * NB
-        nb = min(NB, N - n0)
-        acc = np.empty((MC, NB), np.float32)
-        bits = np.empty((4, NB), np.uint32)
-        wf = bits.view(np.float32)  # bfloat16 -> float32 is exact: the bf16 bits are the top half
-        blk = w[b]
-        for m0 in range(0, M, MC):
-            mc = min(MC, M - m0)
-            acc[:] = 0.0
-            for k in range(0, K4, 4):
-                for r in range(4):
-                    src = blk[k + r]
-                    dst = bits[r]
-                    for j in range(NB):
-                        dst[j] = np.uint32(src[j]) << 16
-                for m in range(mc):
-                    xr = x[m0 + m]
-                    _axpy4(acc[m], xr[k], xr[k + 1], xr[k + 2], xr[k + 3], wf[0], wf[1], wf[2], wf[3], nb)
-            for k in range(K4, K):
-                src = blk[k]
-                dst = bits[0]
-                for j in range(NB):
-                    dst[j] = np.uint32(src[j]) << 16
-                for m in range(mc):
-                    xv = x[m0 + m, k]
-                    a = acc[m]
-                    w0 = wf[0]
-                    for j in range(nb):
-                        a[j] += xv * w0[j]
-            _store(y, acc, bias, m0, mc, n0, nb)
+        _linear_block(x, w, bias, y, b)
     return y
 
 
 # The same source compiled without threads, for calls too small to pay a thread-pool wake-up.
 # Without fastmath the compiler must keep every rounding as written, so the serial and the
 # parallel build give the same bits (tests compare rows across the switch).
-_linear_f32_serial = njit(cache=True)(_linear_f32.py_func)
-_linear_bf16_serial = njit(cache=True)(_linear_bf16.py_func)
+_linear_serial = njit(cache=True)(_linear.py_func)
 SERIAL_WORK = 1 << 18  # multiply-adds below which a call runs on the calling thread (~30 us)
 
 
@@ -184,11 +125,10 @@ def linear_np(x: np.ndarray, w: PackedWeight) -> np.ndarray:
     """x (M, K) float32 C-contiguous -> (M, N) float32."""
     y = np.empty((x.shape[0], w.n), np.float32)
     if x.shape[0]:
-        serial = x.shape[0] * w.n * w.k < SERIAL_WORK
-        if w.bf16:
-            kern = _linear_bf16_serial if serial else _linear_bf16
-        else:
-            kern = _linear_f32_serial if serial else _linear_f32
+        if w.k == 0:  # an empty chain: +0.0 (+ bias), as the twin
+            y[:] = w.bias if w.bias.shape[0] else 0.0
+            return y
+        kern = _linear_serial if x.shape[0] * w.n * w.k < SERIAL_WORK else _linear
         kern(x, w.data, w.bias, y)
     return y
 
@@ -198,12 +138,29 @@ def linear(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     return torch.from_numpy(linear_np(x.contiguous().numpy(), w))
 
 
+def fma_ref(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded float32 a * b + c (IEEE fusedMultiplyAdd), in plain torch.
+
+    a * b is exact in float64 (24 + 24 bits < 53); the sum is computed in float64 with round-to-odd
+    (TwoSum gives its exact error; an inexact even result steps one ulp towards the error), and a
+    round-to-odd value with >= 2 extra bits rounds to float32 exactly as the exact sum would."""
+    p = a.double() * b.double()
+    c = c.double()
+    s = p + c
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)
+    even = (s.view(torch.int64) & 1) == 0
+    toward = torch.where(err > 0, torch.full_like(s, math.inf), torch.full_like(s, -math.inf))
+    s = torch.where((err != 0) & even, torch.nextafter(s, toward), s)
+    return s.float()
+
+
 def linear_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Torch twin of `linear`: the same K-step order, each step a correctly rounded mul then add."""
+    """Torch twin of `linear`: the same chain per output, acc = fma(x[:, k], w[:, k], acc), k ascending."""
     w = w.float()
     y = torch.zeros(x.shape[0], w.shape[0])
     for k in range(w.shape[1]):
-        y = y + x[:, k:k + 1] * w[:, k]
+        y = fma_ref(x[:, k:k + 1].expand_as(y), w[:, k].expand_as(y), y)
     return y if bias is None else y + bias.float()
 
 

@@ -8,12 +8,12 @@ sequence's tokens up to its position and the weights, nothing else.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from . import forward as F
 from . import kernels as K
 from .cache import KVCache
 from .config import ModelConfig
@@ -21,18 +21,6 @@ from .errors import ContextLengthError, UnsupportedModelError
 from .weights import TensorStore
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-@dataclass
-class Layer:
-    attn_norm: np.ndarray  # (H,) float32
-    wqkv: K.PackedWeight  # (Hq*D + 2*Hkv*D, H): q, k, v rows stacked
-    q_norm: np.ndarray  # (D,) Qwen3, else empty
-    k_norm: np.ndarray
-    wo: K.PackedWeight  # (H, Hq*D)
-    mlp_norm: np.ndarray
-    w_gate_up: K.PackedWeight  # (2I, H): gate rows then up rows
-    w_down: K.PackedWeight  # (H, I)
 
 
 def inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -72,7 +60,8 @@ class Transformer:
             return store.get(name, (n,), torch.float32) if present else None
 
         self.embed = store.get("model.embed_tokens.weight", (cfg.vocab_size, H), wd)  # (V, H)
-        self.layers: list[Layer] = []
+        empty = np.empty(0, np.float32)
+        st = None
         for i in range(cfg.n_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
@@ -83,23 +72,24 @@ class Transformer:
             if cfg.qkv_bias:
                 qkv_b = torch.cat([bias(a + "q_proj.bias", Hq * D, True), bias(a + "k_proj.bias", Hkv * D, True),
                                    bias(a + "v_proj.bias", Hkv * D, True)])
-            gu = torch.cat([store.get(p + "mlp.gate_proj.weight", (I, H), wd),
-                            store.get(p + "mlp.up_proj.weight", (I, H), wd)])
-            gu_b = None
-            if cfg.mlp_bias:
-                gu_b = torch.cat([bias(p + "mlp.gate_proj.bias", I, True), bias(p + "mlp.up_proj.bias", I, True)])
-            self.layers.append(Layer(
+            layer = F.Layer(
                 attn_norm=norm(p + "input_layernorm.weight", H),
                 wqkv=K.pack_weight(qkv, qkv_b),
-                q_norm=norm(a + "q_norm.weight", D) if cfg.qk_norm else np.empty(0, np.float32),
-                k_norm=norm(a + "k_norm.weight", D) if cfg.qk_norm else np.empty(0, np.float32),
-                wo=K.pack_weight(store.get(a + "o_proj.weight", (H, Hq * D), wd),
-                                 bias(a + "o_proj.bias", H, cfg.o_bias)),
+                q_norm=norm(a + "q_norm.weight", D) if cfg.qk_norm else empty,
+                k_norm=norm(a + "k_norm.weight", D) if cfg.qk_norm else empty,
+                wo=K.pack_weight(store.get(a + "o_proj.weight", (H, Hq * D), wd), bias(a + "o_proj.bias", H, cfg.o_bias)),
                 mlp_norm=norm(p + "post_attention_layernorm.weight", H),
-                w_gate_up=K.pack_weight(gu, gu_b),
+                w_gate=K.pack_weight(store.get(p + "mlp.gate_proj.weight", (I, H), wd),
+                                     bias(p + "mlp.gate_proj.bias", I, cfg.mlp_bias)),
+                w_up=K.pack_weight(store.get(p + "mlp.up_proj.weight", (I, H), wd),
+                                   bias(p + "mlp.up_proj.bias", I, cfg.mlp_bias)),
                 w_down=K.pack_weight(store.get(p + "mlp.down_proj.weight", (H, I), wd),
-                                     bias(p + "mlp.down_proj.bias", H, cfg.mlp_bias)),
-            ))
+                                     bias(p + "mlp.down_proj.bias", H, cfg.mlp_bias)))
+            if st is None:  # one copy of the weights: packed layer by layer into the stack
+                st = F.Stack.empty(layer, cfg.n_layers)
+            st.put(i, layer)
+        self.stack = st
+        self.layers: list[F.Layer] = [st.views(i) for i in range(cfg.n_layers)]
         self.norm = norm("model.norm.weight", H)
         if cfg.tie_word_embeddings or not store.has("lm_head.weight"):
             head = self.embed
@@ -113,20 +103,35 @@ class Transformer:
         c = self.cfg
         return KVCache(c.n_layers, n_slots, c.n_kv_heads, c.head_dim, min(capacity, self.max_context))
 
-    def forward(self, tokens: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, cache: KVCache,
-                out_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens, slot, pos (R,) int64 -> logits (len(out_rows) or R, V) float32.
-
-        Writes each row's keys/values into `cache` at (slot, pos); which positions are valid is the
-        caller's (decode loop's) business.
-        """
-        c = self.cfg
-        R, D, Hq, Hkv = tokens.shape[0], c.head_dim, c.n_heads, c.n_kv_heads
-        if R and (int(pos.max()) >= cache.capacity or int(pos.min()) < 0 or int(slot.max()) >= cache.n_slots):
+    def _check(self, pos: torch.Tensor, slot: torch.Tensor, cache: KVCache) -> None:
+        if pos.shape[0] and (int(pos.max()) >= cache.capacity or int(pos.min()) < 0 or int(slot.max()) >= cache.n_slots):
             # the kernels index raw memory: never let a bad position or slot reach them
             raise ContextLengthError(f"forward: positions {int(pos.min())}..{int(pos.max())} / slots up to "
                                      f"{int(slot.max())} do not fit the cache ({cache.capacity} positions, "
                                      f"{cache.n_slots} slots)")
+
+    def forward(self, tokens: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+                out_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens, slot, pos (R,) int64 -> logits (len(out_rows) or R, V) float32, in one compiled call.
+
+        Writes each row's keys/values into `cache` at (slot, pos); which positions are valid is the
+        caller's (decode loop's) business. Bitwise equal to `forward_ref`.
+        """
+        self._check(pos, slot, cache)
+        c = self.cfg
+        rows = torch.arange(tokens.shape[0]) if out_rows is None else out_rows
+        x = self.embed[tokens].float().numpy()  # (R, H)
+        logits = F.forward(self.stack, x, slot.numpy(), pos.numpy(), rows.numpy(), self.norm, self.lm_head,
+                           c.n_heads, c.n_kv_heads, c.head_dim, c.rms_norm_eps, self.scale, c.sliding_window or 0,
+                           self.cos.numpy(), self.sin.numpy(), cache.k.numpy(), cache.v.numpy())
+        return torch.from_numpy(logits)
+
+    def forward_ref(self, tokens: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+                    out_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The readable twin of `forward`: one kernel call per step, in data-flow order."""
+        self._check(pos, slot, cache)
+        c = self.cfg
+        R, D, Hq, Hkv = tokens.shape[0], c.head_dim, c.n_heads, c.n_kv_heads
         x = self.embed[tokens].float()  # (R, H)
         window = c.sliding_window or 0
         for i, L in enumerate(self.layers):
@@ -137,7 +142,8 @@ class Transformer:
             a = K.attention(q, cache.k[i], cache.v[i], slot, pos, self.scale, window)  # (R, Hq, D)
             x = x + K.linear(a.reshape(R, Hq * D), L.wo)
             h = K.rmsnorm(x, L.mlp_norm, c.rms_norm_eps)
-            x = x + K.linear(K.silu_mul(K.linear(h, L.w_gate_up)), L.w_down)
+            gu = torch.cat([K.linear(h, L.w_gate), K.linear(h, L.w_up)], 1)  # (R, 2I)
+            x = x + K.linear(K.silu_mul(gu), L.w_down)
         if out_rows is not None:
             x = x[out_rows]
         return K.linear(K.rmsnorm(x, self.norm, c.rms_norm_eps), self.lm_head)

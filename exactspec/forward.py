@@ -1,0 +1,204 @@
+"""The whole transformer forward as one compiled call (numba), on stacked per-layer weights.
+
+Contract: `Stack.forward(...)` returns bitwise the logits of `Transformer.forward_ref` (the readable
+forward in model.py, one kernel call per step): every step here is the same helper from
+kernels.py / tile.py with the same operands in the same order; fusing only removes the calls,
+the torch<->numpy glue and the allocations between them. Two fusions change where, not how, a value
+is computed:
+* o-proj and down-proj add the residual in their store (x + (chain + bias), as `x + linear(a)`);
+* gate/up blocks are interleaved (gate block c, then up block c) so one task has both halves of
+  intermediate columns c*NL .. c*NL+NL-1 and stores silu(g) * u with `silu_mul`'s expression.
+Threads (prange) split output blocks of each linear and (row, head) pairs of attention, never one
+reduction, so the result does not depend on the thread count; the serial build (small calls)
+compiles the same source.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit, prange
+
+from . import kernels as K
+from . import tile
+from .kernels import MR_MAX, NL, PackedWeight
+
+_STORE, _ADD = 0, 1
+
+
+@njit(inline="always")
+def _block(x, w, bias, y, b, mode):
+    # One NL-column output block of y = x @ w.T (+ bias), or y += that (mode _ADD), all rows.
+    M = x.shape[0]
+    n0 = b * NL
+    nb = min(NL, y.shape[1] - n0)
+    t = np.empty((MR_MAX, NL), np.float32)
+    ntiles = (M + MR_MAX - 1) // MR_MAX
+    m0 = 0
+    for i in range(ntiles):
+        mr = (M - m0 + ntiles - i - 1) // (ntiles - i)
+        tile.run_tile(mr, x, m0, w, b, t)
+        for m in range(mr):
+            for j in range(nb):
+                v = t[m, j]
+                if bias.shape[0] > 0:
+                    v = v + bias[n0 + j]
+                if mode == _ADD:
+                    y[m0 + m, n0 + j] = y[m0 + m, n0 + j] + v
+                else:
+                    y[m0 + m, n0 + j] = v
+        m0 += mr
+
+
+@njit(inline="always")
+def _gate_up_block(x, w, bias, act, c, half):
+    # Intermediate columns c*NL ..: gate = block 2c, up = block 2c+1; act = silu(gate) * up.
+    M = x.shape[0]
+    n0 = c * NL
+    nb = min(NL, act.shape[1] - n0)
+    g = np.empty((MR_MAX, NL), np.float32)
+    u = np.empty((MR_MAX, NL), np.float32)
+    ntiles = (M + MR_MAX - 1) // MR_MAX
+    m0 = 0
+    for i in range(ntiles):
+        mr = (M - m0 + ntiles - i - 1) // (ntiles - i)
+        tile.run_tile(mr, x, m0, w, 2 * c, g)
+        tile.run_tile(mr, x, m0, w, 2 * c + 1, u)
+        for m in range(mr):
+            for j in range(nb):
+                gv = g[m, j]
+                uv = u[m, j]
+                if bias.shape[0] > 0:
+                    gv = gv + bias[n0 + j]
+                    uv = uv + bias[half + n0 + j]
+                act[m0 + m, n0 + j] = gv / (np.float32(1.0) + np.float32(math.exp(-gv))) * uv
+        m0 += mr
+
+
+@njit(parallel=True, cache=True)
+def _forward(x, slot, pos, out_rows, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, bo, mlp_norm, wgu, bgu, wdown,
+             bdown, norm, head, Hq, Hkv, D, eps, scale, window, cos, sin, kc, vc, logits):
+    # x (R, H) float32 embeddings, updated in place to the last hidden state; logits (len(out_rows), V).
+    R, H = x.shape
+    I = wdown.shape[2]
+    L = wqkv.shape[0]
+    grp = Hq // Hkv
+    nqkv = (Hq + 2 * Hkv) * D
+    h = np.empty((R, H), np.float32)
+    qkv = np.empty((R, nqkv), np.float32)
+    q = np.empty((R, Hq, D), np.float32)
+    a = np.empty((R, Hq * D), np.float32)
+    act = np.empty((R, I), np.float32)
+    for i in range(L):
+        K._rmsnorm(x, attn_norm[i], eps, h)
+        for b in prange(wqkv.shape[1]):
+            _block(h, wqkv[i], bqkv[i], qkv, b, _STORE)
+        K._qkv_rope_cache(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos, sin, slot, pos, kc[i], vc[i], q)
+        for t in prange(R * Hq):
+            r = t // Hq
+            hh = t % Hq
+            s = slot[r]
+            p = pos[r]
+            j0 = 0
+            if window > 0 and p - window + 1 > 0:
+                j0 = p - window + 1
+            K._attend(q[r, hh], kc[i, s, hh // grp], vc[i, s, hh // grp], j0, p + 1 - j0, K._ALL, scale,
+                      a[r, hh * D:(hh + 1) * D])
+        for b in prange(wo.shape[1]):
+            _block(a, wo[i], bo[i], x, b, _ADD)
+        K._rmsnorm(x, mlp_norm[i], eps, h)
+        for c in prange(wgu.shape[1] // 2):
+            _gate_up_block(h, wgu[i], bgu[i], act, c, I)
+        for b in prange(wdown.shape[1]):
+            _block(act, wdown[i], bdown[i], x, b, _ADD)
+    n = out_rows.shape[0]
+    hf = np.empty((n, H), np.float32)
+    xs = np.empty((n, H), np.float32)
+    for r in range(n):
+        xs[r] = x[out_rows[r]]
+    K._rmsnorm(xs, norm, eps, hf)
+    for b in prange(head.shape[0]):
+        _block(hf, head, np.empty(0, np.float32), logits, b, _STORE)
+    return logits
+
+
+_forward_serial = njit(cache=True)(_forward.py_func)
+SERIAL_FORWARD = 1 << 22  # multiply-adds per forward below which one thread runs it all (~0.5 ms)
+
+
+@dataclass
+class Layer:
+    """One decoder layer's weights (packed). In a loaded model they are views into its `Stack`."""
+    attn_norm: np.ndarray  # (H,) float32
+    wqkv: PackedWeight  # (Hq*D + 2*Hkv*D, H): q, k, v rows stacked
+    q_norm: np.ndarray  # (D,) Qwen3, else empty
+    k_norm: np.ndarray
+    wo: PackedWeight  # (H, Hq*D)
+    mlp_norm: np.ndarray
+    w_gate: PackedWeight  # (I, H)
+    w_up: PackedWeight  # (I, H)
+    w_down: PackedWeight  # (H, I)
+
+
+_NORMS = ("attn_norm", "q_norm", "k_norm", "mlp_norm")
+_LINEARS = ("wqkv", "wo", "w_down")
+
+
+@dataclass
+class Stack:
+    """Every layer's weights along a leading layer axis, as `_forward` takes them. Gate and up
+    blocks are interleaved (gate block c at 2c, up block c at 2c + 1); biases are (L, N) or (L, 0)."""
+    arrays: dict[str, np.ndarray]
+    shapes: dict[str, tuple[int, int]]  # (N, K) of each linear
+    work: int  # multiply-adds per row over all layers (the serial/parallel switch)
+
+    @staticmethod
+    def empty(like: Layer, n_layers: int) -> "Stack":
+        a, shapes = {}, {}
+        for name in _NORMS:
+            a[name] = np.empty((n_layers,) + getattr(like, name).shape, np.float32)
+        for name in _LINEARS + ("w_gate",):
+            w: PackedWeight = getattr(like, name)
+            shape = w.data.shape if name != "w_gate" else (2 * w.data.shape[0],) + w.data.shape[1:]
+            a[name] = np.empty((n_layers,) + shape, w.data.dtype)
+            a["b_" + name] = np.empty((n_layers, w.bias.shape[0] * (2 if name == "w_gate" else 1)), np.float32)
+            shapes[name] = (w.n, w.k)
+        work = sum(n * k for n, k in shapes.values()) + like.w_up.n * like.w_up.k
+        return Stack(a, shapes, work * n_layers)
+
+    def put(self, i: int, layer: Layer) -> None:
+        a = self.arrays
+        for name in _NORMS:
+            a[name][i] = getattr(layer, name)
+        for name in _LINEARS:
+            w = getattr(layer, name)
+            a[name][i] = w.data
+            a["b_" + name][i] = w.bias
+        a["w_gate"][i, 0::2] = layer.w_gate.data
+        a["w_gate"][i, 1::2] = layer.w_up.data
+        a["b_w_gate"][i] = np.concatenate([layer.w_gate.bias, layer.w_up.bias])
+
+    def views(self, i: int) -> Layer:
+        a = self.arrays
+        lin = {name: PackedWeight(a[name][i], *self.shapes[name], a["b_" + name][i]) for name in _LINEARS}
+        n, k = self.shapes["w_gate"]
+        gb = a["b_w_gate"][i]
+        half = gb.shape[0] // 2
+        return Layer(**{name: a[name][i] for name in _NORMS}, **lin,
+                     w_gate=PackedWeight(a["w_gate"][i, 0::2], n, k, gb[:half]),
+                     w_up=PackedWeight(a["w_gate"][i, 1::2], n, k, gb[half:]))
+
+
+def forward(st: Stack, x: np.ndarray, slot: np.ndarray, pos: np.ndarray, out_rows: np.ndarray, norm: np.ndarray,
+            head: PackedWeight, Hq: int, Hkv: int, D: int, eps: float, scale: float, window: int,
+            cos: np.ndarray, sin: np.ndarray, kc: np.ndarray, vc: np.ndarray) -> np.ndarray:
+    """x (R, H) float32 (overwritten), slot/pos (R,) int64, out_rows (n,) int64 -> logits (n, V)."""
+    logits = np.empty((out_rows.shape[0], head.n), np.float32)
+    if x.shape[0] == 0:
+        return logits
+    a = st.arrays
+    kern = _forward_serial if x.shape[0] * (st.work + head.n * head.k) < SERIAL_FORWARD else _forward
+    return kern(x, slot, pos, out_rows, a["attn_norm"], a["wqkv"], a["b_wqkv"], a["q_norm"], a["k_norm"], a["wo"],
+                a["b_wo"], a["mlp_norm"], a["w_gate"], a["b_w_gate"], a["w_down"], a["b_w_down"], norm, head.data,
+                Hq, Hkv, D, np.float32(eps), np.float32(scale), window, cos, sin, kc, vc, logits)

@@ -1,0 +1,152 @@
+"""The register tile of the linear kernel, written in LLVM IR (numba intrinsics).
+
+Contract: `tile(mr)(x, m0, w, b, t)` computes, for rows m0 .. m0+mr-1 of x (M, K) float32 and the
+NL = 32 output lanes of packed weight block b of w (nblk, K, NL) (float32, or uint16 holding
+bfloat16 bits; each block's (K, NL) contiguous, the blocks at any stride), t[r, j] = fma(x[m0+r, K-1], w[b, K-1, j], ... fma(x[m0+r, 0], w[b, 0, j], +0.0)):
+each output is one chain of fused multiply-adds over k = 0, 1, ..., K-1, nothing else.
+
+Why this is exact on any x86-64 CPU, for any tile shape:
+* `llvm.fma` is one correctly rounded IEEE operation: the same bits whether the CPU has an FMA
+  unit or LLVM calls libm's fmaf.
+* The lanes of a vector are different outputs; a <16 x float> is split into 2 AVX2 registers, 1
+  AVX-512 register or 4 SSE registers without changing any lane's arithmetic. No reduction ever
+  runs across lanes, so the vector width never enters the result.
+* A row's chain does not depend on the other rows of the tile (they only share the weight
+  load), so mr = 1 and mr = 10 give the same bits for the same row; the tile height is a speed
+  choice (`MR_MAX`, by the registers the target has) and never a numerical one.
+* The accumulators are SSA values (phi nodes), so they live in registers across the k loop and
+  each weight vector is loaded and widened once per tile.
+"""
+from __future__ import annotations
+
+import llvmlite.binding as llb
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils, config
+from numba.extending import intrinsic
+
+NL = 32  # output lanes per packed block (2 vectors of 16)
+V = 16  # lanes per LLVM vector
+PREFETCH_BYTES = 8192  # software prefetch distance along the weight stream
+
+
+def _wide_target() -> bool:
+    """Does numba compile for a CPU with 32 vector registers (AVX-512)? Only speed depends on it."""
+    feats = config.CPU_FEATURES
+    if config.CPU_NAME:
+        name = config.CPU_NAME
+        if not feats:
+            return any(s in name for s in ("avx512", "icelake", "sapphire", "cascade", "cooper", "tiger",
+                                            "cannonlake", "znver4", "znver5", "graniterapids", "emerald"))
+    elif not feats:
+        feats = llb.get_host_cpu_features().flatten()
+    return "+avx512f" in (feats or "")
+
+
+# Rows per tile: mr rows x 2 vectors of accumulators, + 2 weight vectors, + broadcasts.
+MR_MAX = 10 if _wide_target() else 3
+
+
+def _make(mr: int):
+    @intrinsic
+    def tile(typingctx, x, m0, w, b, t):
+        sig = types.void(x, m0, w, b, t)
+        bf16 = w.dtype == types.uint16
+
+        def codegen(context, builder, signature, args):
+            xv, m0v, wv, bv, tv = args
+            xty, _, wty, _, tty = signature.args
+            i64, i32, f32 = ir.IntType(64), ir.IntType(32), ir.FloatType()
+            vf = ir.VectorType(f32, V)
+            welt = ir.IntType(16) if bf16 else f32
+            xa = context.make_array(xty)(context, builder, xv)
+            wa = context.make_array(wty)(context, builder, wv)
+            ta = context.make_array(tty)(context, builder, tv)
+            K = cgutils.unpack_tuple(builder, wa.shape, 3)[1]
+            sx = builder.udiv(cgutils.unpack_tuple(builder, xa.strides, 2)[0], ir.Constant(i64, 4))
+            xbase = builder.gep(xa.data, [builder.mul(m0v, sx)])  # float*: row m0, k = 0
+            sb = cgutils.unpack_tuple(builder, wa.strides, 3)[0]  # bytes between blocks (a view may skip some)
+            wbase = builder.inttoptr(builder.add(builder.ptrtoint(wa.data, i64), builder.mul(bv, sb)),
+                                     welt.as_pointer())
+            tbase = builder.bitcast(ta.data, f32.as_pointer())
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]),
+                                                 "llvm.fma.v16f32")
+            i8p = ir.IntType(8).as_pointer()
+            prefetch = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
+            bcast = ir.Constant(ir.VectorType(i32, V), [0] * V)
+
+            pre = builder.block
+            loop = builder.append_basic_block("tile.k")
+            done = builder.append_basic_block("tile.done")
+            builder.branch(loop)
+            builder.position_at_end(loop)
+            k = builder.phi(i64)
+            k.add_incoming(ir.Constant(i64, 0), pre)
+            acc = [[builder.phi(vf) for _ in range(NL // V)] for _ in range(mr)]
+            for row in acc:
+                for a in row:
+                    a.add_incoming(ir.Constant(vf, None), pre)  # +0.0
+            xs = []
+            for r in range(mr):  # x[m0 + r, k] broadcast to all lanes
+                xr = builder.load(builder.gep(xbase, [builder.add(builder.mul(ir.Constant(i64, r), sx), k)]))
+                xr = builder.insert_element(ir.Constant(vf, ir.Undefined), xr, ir.Constant(i32, 0))
+                xs.append(builder.shuffle_vector(xr, ir.Constant(vf, ir.Undefined), bcast))
+            krow = builder.mul(k, ir.Constant(i64, NL))
+            pf = builder.gep(wbase, [builder.add(krow, ir.Constant(i64, PREFETCH_BYTES // (2 if bf16 else 4)))])
+            builder.call(prefetch, [builder.bitcast(pf, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
+                                    ir.Constant(i32, 1)])
+            new = [[None] * (NL // V) for _ in range(mr)]
+            for v in range(NL // V):
+                p = builder.gep(wbase, [builder.add(krow, ir.Constant(i64, v * V))])
+                wvec = builder.load(builder.bitcast(p, ir.VectorType(welt, V).as_pointer()), align=2 if bf16 else 4)
+                if bf16:  # bfloat16 -> float32 is exact: the bf16 bits are the top half of the float32
+                    wvec = builder.zext(wvec, ir.VectorType(i32, V))
+                    wvec = builder.bitcast(builder.shl(wvec, ir.Constant(ir.VectorType(i32, V), [16] * V)), vf)
+                for r in range(mr):
+                    new[r][v] = builder.call(fma, [xs[r], wvec, acc[r][v]])
+            k1 = builder.add(k, ir.Constant(i64, 1))
+            k.add_incoming(k1, loop)
+            for r in range(mr):
+                for v in range(NL // V):
+                    acc[r][v].add_incoming(new[r][v], loop)
+            builder.cbranch(builder.icmp_signed("<", k1, K), loop, done)
+            builder.position_at_end(done)
+            for r in range(mr):
+                for v in range(NL // V):
+                    p = builder.gep(tbase, [ir.Constant(i64, r * NL + v * V)])
+                    builder.store(new[r][v], builder.bitcast(p, vf.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile
+
+
+_t = [_make(mr) for mr in range(1, 11)]
+_t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9, _t10 = _t
+
+
+@njit(inline="always")
+def run_tile(mr, x, m0, w, b, t):
+    """t[:mr, :NL] = the FMA chains of rows m0..m0+mr-1 against block b (K >= 1, mr <= MR_MAX)."""
+    if mr == 1:
+        _t1(x, m0, w, b, t)
+    elif mr == 2:
+        _t2(x, m0, w, b, t)
+    elif mr == 3:
+        _t3(x, m0, w, b, t)
+    elif mr == 4:
+        _t4(x, m0, w, b, t)
+    elif mr == 5:
+        _t5(x, m0, w, b, t)
+    elif mr == 6:
+        _t6(x, m0, w, b, t)
+    elif mr == 7:
+        _t7(x, m0, w, b, t)
+    elif mr == 8:
+        _t8(x, m0, w, b, t)
+    elif mr == 9:
+        _t9(x, m0, w, b, t)
+    else:
+        _t10(x, m0, w, b, t)
