@@ -4,7 +4,7 @@
     python bench/memory_bound.py [--dtype bfloat16] [--tokens 32]
 
 Prints, in one run: our greedy tokens/s vs transformers' greedy tokens/s; the verify cost
-time(forward of 8 tokens) / time(forward of 1 token) on a warm cache; bytes read per token
+time(forward of 5, 8, 9 tokens) / time(forward of 1 token) on a warm cache; bytes read per token
 (weights + KV cache) against the measured read bandwidth, i.e. the fraction of the
 memory-bandwidth limit reached.
 """
@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=15, help="timings per forward size (median)")
     a = ap.parse_args()
     K.set_num_threads(a.threads)
     tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[a.dtype]
@@ -72,18 +73,18 @@ def main() -> None:
             g = hf.generate(ids, max_new_tokens=a.tokens, min_new_tokens=a.tokens, do_sample=False)
             hf_tps = (g.shape[1] - ids.shape[1]) / (time.perf_counter() - t)
 
-        # verify cost: forward of 1 vs 8 new rows on top of a 64-token cache
+        # verify cost: forward of 1 vs 5, 8, 9 new rows on top of a 64-token cache
         net = model.net
         cache = net.new_cache(1, 128)
         n = len(prompt)
         net.forward(torch.tensor(prompt), torch.zeros(n, dtype=torch.long), torch.arange(n), cache)
         times = {}
-        for m in (1, 8):
+        for m in (1, 5, 8, 9):
             ts = [_timed(lambda: net.forward(torch.tensor(prompt[:m]), torch.zeros(m, dtype=torch.long),
-                                             torch.arange(n, n + m), cache)) for _ in range(7)]
+                                             torch.arange(n, n + m), cache)) for _ in range(a.repeat)]
             times[m] = statistics.median(ts)
 
-        wbytes = sum(p.data.nbytes for L in net.layers for p in (L.wqkv, L.wo, L.w_gate_up, L.w_down))
+        wbytes = sum(p.data.nbytes for L in net.layers for p in (L.wqkv, L.wo, L.w_gate, L.w_up, L.w_down))
         wbytes += net.lm_head.data.nbytes
         kv = 2 * net.cfg.n_layers * net.cfg.n_kv_heads * net.cfg.head_dim * 4 * (n + a.tokens // 2)
         per_token = wbytes + kv
@@ -91,8 +92,8 @@ def main() -> None:
     print(f"model: Qwen2.5-0.5B shape, random weights, {a.dtype}; {a.threads} threads")
     print(f"our greedy          {ours:7.2f} tok/s")
     print(f"transformers greedy {hf_tps:7.2f} tok/s   ours/HF = {ours / hf_tps:.2f}x")
-    print(f"verify cost: forward(8 tokens) {times[8] * 1e3:.1f} ms / forward(1 token) {times[1] * 1e3:.1f} ms "
-          f"= {times[8] / times[1]:.2f}")
+    print(f"forward(1 token) {times[1] * 1e3:.1f} ms; verify cost forward(m)/forward(1): "
+          + ", ".join(f"m={m}: {times[m] * 1e3:.1f} ms = {times[m] / times[1]:.2f}" for m in (5, 8, 9)))
     print(f"bytes read per token: {per_token / 1e6:.0f} MB (weights {wbytes / 1e6:.0f} MB + KV {kv / 1e6:.1f} MB); "
           f"read bandwidth {bw / 1e9:.1f} GB/s -> limit {limit:.1f} tok/s; ours reaches {ours / limit:.0%}")
 

@@ -5,6 +5,23 @@ import os as _os
 # vector body than in the scalar tail of a loop; keep every element on the scalar libm path.
 _os.environ.setdefault("NUMBA_DISABLE_INTEL_SVML", "1")
 
+
+def _numba_cache_dir() -> str:
+    # numba's on-disk cache is keyed by the source file of each jitted function only: a change in a
+    # module it calls (the IR tile in tile.py, a kernel helper) would not invalidate it, and a stale
+    # kernel would run. Key the cache folder by the content of every compiled module instead.
+    import hashlib
+    here = _os.path.dirname(__file__)
+    h = hashlib.sha256()
+    for name in ("tile.py", "kernels.py", "forward.py", "sampling.py"):
+        with open(_os.path.join(here, name), "rb") as f:
+            h.update(f.read())
+    base = _os.environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache")
+    return _os.path.join(base, "exactspec", "numba", h.hexdigest()[:16])
+
+
+_os.environ.setdefault("NUMBA_CACHE_DIR", _numba_cache_dir())
+
 from .api import GenerationResult, Model, load  # noqa: E402
 from .decode import Stats  # noqa: E402
 from .errors import (CheckpointError, ContextLengthError, ExactSpecError, InvalidArgumentError,  # noqa: E402

@@ -195,3 +195,63 @@ def test_qkv_rope_cache_matches_torch_rotate_half_bitwise(qk_norm):
     for r in range(R):
         assert torch.equal(kt[slot[r], :, :, pos[r]], rot(kr)[r])
         assert torch.equal(v[slot[r], :, pos[r]], vr[r].view(Hkv, D))
+
+
+def _f32(bits: int) -> float:
+    return float(np.array([bits], np.uint32).view(np.float32)[0])
+
+
+def test_fma_ref_rounds_once_where_float64_rounds_twice():
+    """1 + 2^-23 + (2^-24 - 2^-70): just below the halfway point between two float32s. float64
+    rounds it onto the halfway point and float32's ties-to-even then rounds up; one correctly
+    rounded FMA (the kernel, and fma_ref) keeps 1 + 2^-23."""
+    a = torch.tensor([2.0 ** -12 * (1 + 2.0 ** -23)])
+    b = torch.tensor([2.0 ** -12 * (1 - 2.0 ** -23)])
+    c = torch.tensor([1 + 2.0 ** -23])
+    naive = (a.double() * b.double() + c.double()).float()
+    assert naive.item() == 1 + 2.0 ** -22  # the double-rounding hazard is real
+    assert K.fma_ref(a, b, c).item() == 1 + 2.0 ** -23
+    # the kernel: chain fma(1, c, 0) = c, then fma(a, b, c)
+    x = torch.tensor([[1.0, a.item()]])
+    w = torch.tensor([[c.item(), b.item()]])
+    assert K.linear(x, K.pack_weight(w)).item() == 1 + 2.0 ** -23
+
+
+def test_fma_ref_matches_exact_rounding_on_random_values():
+    from fractions import Fraction
+    g = torch.Generator().manual_seed(5)
+    a, b, c = (torch.randn(400, generator=g) * 10 ** torch.randint(-3, 4, (400,), generator=g) for _ in range(3))
+    got = K.fma_ref(a, b, c)
+    for i in range(400):
+        exact = Fraction(a[i].item()) * Fraction(b[i].item()) + Fraction(c[i].item())
+        lo = np.float32(float(exact))  # a float32 within one ulp; pick the nearest, ties to even
+        cands = [np.nextafter(lo, np.float32(-np.inf)), lo, np.nextafter(lo, np.float32(np.inf))]
+        best = min(cands, key=lambda f: (abs(Fraction(float(f)) - exact), int(np.array(f).view(np.uint32)) & 1))
+        assert got[i].item() == float(best), i
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_fuses_and_a_mul_then_add_twin_would_not_match(dtype):
+    """Teeth: the kernel is the FMA chain, not a mul-then-add chain (they differ on random data)."""
+    w = _w(96, 200, dtype)
+    x = torch.randn(5, 200)
+    y = K.linear(x, K.pack_weight(w))
+    assert torch.equal(y, K.linear_ref(x, w))
+    unfused = torch.zeros(5, 96)
+    for k in range(200):
+        unfused = unfused + x[:, k:k + 1] * w.float()[:, k]
+    assert not torch.equal(y, unfused)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_tiles_of_every_height_give_the_same_row(dtype):
+    """Rows go through register tiles of 1..MR_MAX rows (M = 11 -> 6 + 5 on AVX-512, 3+3+3+2 on
+    AVX2); a row's bits never depend on which tile height served it."""
+    w = _w(70, 45, dtype)  # 3 blocks, the last one partial
+    b = torch.randn(70)
+    p = K.pack_weight(w, b)
+    x = torch.randn(3 * K.MR_MAX + 2, 45)
+    alone = torch.cat([K.linear(x[i:i + 1], p) for i in range(x.shape[0])])
+    for M in range(2, x.shape[0] + 1):
+        assert torch.equal(K.linear(x[:M], p), alone[:M]), M
+    assert torch.equal(alone, K.linear_ref(x, w, b))

@@ -102,3 +102,27 @@ def test_cache_capacity_and_garbage_do_not_matter(ckpt):
     cache.v.normal_()  # garbage beyond what each forward writes
     got = net.forward(torch.tensor(ids), torch.full((30,), 2), torch.arange(30), cache)
     assert torch.equal(got, full)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_forward_equals_the_per_kernel_twin(ckpt, arch, dtype, monkeypatch):
+    """The one-call forward (forward.py) vs `forward_ref` (one kernel call per step): logits and
+    the cache contents bitwise, with the serial build and the threaded build, rows of two
+    sequences interleaved, and a subset of output rows."""
+    from exactspec import forward as F
+    net = exactspec.load(ckpt(arch), dtype=dtype).net
+    a, b = _prompt(37, seed=4), _prompt(52, seed=5)
+    tok = torch.tensor(a + b)
+    slot = torch.tensor([0] * len(a) + [1] * len(b))
+    pos = torch.tensor(list(range(len(a))) + list(range(len(b))))
+    order = torch.randperm(len(tok), generator=torch.Generator().manual_seed(1))
+    tok, slot, pos = tok[order], slot[order], pos[order]
+    rows = torch.tensor([0, 5, 88, 17])
+    ref_cache = net.new_cache(2, 64)
+    want = net.forward_ref(tok, slot, pos, ref_cache, rows)
+    for serial_below in (1 << 40, 0):  # everything serial / everything threaded
+        monkeypatch.setattr(F, "SERIAL_FORWARD", serial_below)
+        cache = net.new_cache(2, 64)
+        assert torch.equal(net.forward(tok, slot, pos, cache, rows), want), serial_below
+        assert torch.equal(cache.k, ref_cache.k) and torch.equal(cache.v, ref_cache.v)

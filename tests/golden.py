@@ -1,0 +1,86 @@
+"""A golden record: logits hashes and greedy tokens of a test model whose weights are made from
+integers (PCG64), so the model itself is bit-identical on every machine. Any x86-64 CPU must
+reproduce `golden.json` exactly; `test_cross_cpu.py` checks it here for several compile targets
+and CI checks it on whatever machine it lands on.
+
+    python tests/golden.py            # print this machine's record as JSON
+    python tests/golden.py --write    # overwrite golden.json (only after a deliberate numerics change)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+GOLDEN = Path(__file__).with_name("golden.json")
+CONFIG = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=300, hidden_size=64,
+              intermediate_size=136, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+              bos_token_id=0, eos_token_id=1, hidden_act="silu")
+
+
+def _ints(rng, shape, scale):
+    # small integers / a power of two times a float scale: exactly the same float32 values everywhere
+    return torch.from_numpy((rng.integers(-64, 65, shape).astype(np.float32) / np.float32(64) * np.float32(scale)))
+
+
+def build(folder: Path, dtype: torch.dtype) -> Path:
+    c = CONFIG
+    H, I, V, D = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["hidden_size"] // c["num_attention_heads"]
+    rng = np.random.default_rng(1234)
+    t = {"model.embed_tokens.weight": _ints(rng, (V, H), 1.0), "lm_head.weight": _ints(rng, (V, H), 0.25),
+         "model.norm.weight": 1 + _ints(rng, (H,), 0.1)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = 1 + _ints(rng, (H,), 0.1)
+        t[p + "post_attention_layernorm.weight"] = 1 + _ints(rng, (H,), 0.1)
+        for name, shape in (("q_proj", (4 * D, H)), ("k_proj", (2 * D, H)), ("v_proj", (2 * D, H)), ("o_proj", (H, H))):
+            t[p + f"self_attn.{name}.weight"] = _ints(rng, shape, 0.125)
+        for name, shape in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
+            t[p + f"mlp.{name}.weight"] = _ints(rng, shape, 0.125)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.to(dtype).contiguous() for k, v in t.items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({**CONFIG, "torch_dtype": str(dtype)[6:]}))
+    return folder
+
+
+def _sha(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()[:32]
+
+
+def record() -> dict:
+    import exactspec
+    from exactspec import kernels as K
+    out = {}
+    rng = np.random.default_rng(99)
+    for dt in (torch.float32, torch.bfloat16):
+        w = _ints(rng, (77, 50), 0.3).to(dt)
+        x = _ints(rng, (13, 50), 1.7) + _ints(rng, (13, 50), 1e-3)  # many distinct exponents: real roundings
+        p = K.pack_weight(w)
+        rows = [K.linear(x[:m], p) for m in range(1, 14)]  # every tile height, every row count
+        out[f"linear_{str(dt)[6:]}"] = _sha(torch.cat(rows))
+    prompt = rng.integers(2, CONFIG["vocab_size"], 24).tolist()
+    with tempfile.TemporaryDirectory() as tmp:
+        for dt in ("float32", "bfloat16"):
+            model = exactspec.load(build(Path(tmp) / dt, getattr(torch, dt)), dtype=dt)
+            out[f"logits_{dt}"] = _sha(model.logits(prompt))
+            g = model.generate(prompt, 40, ignore_eos=True)
+            s = model.generate(prompt, 40, ignore_eos=True, draft="lookup", num_draft_tokens=3)
+            t = model.generate(prompt, 40, ignore_eos=True, temperature=0.9, top_p=0.9, seed=5)
+            out[f"greedy_{dt}"] = g.token_ids
+            out[f"lookup_equals_greedy_{dt}"] = s.token_ids == g.token_ids
+            out[f"sampled_{dt}"] = t.token_ids
+    return out
+
+
+if __name__ == "__main__":
+    r = record()
+    if "--write" in sys.argv:
+        GOLDEN.write_text(json.dumps(r, indent=1) + "\n")
+    print(json.dumps(r))

@@ -1,0 +1,53 @@
+"""Same bits on any x86-64 CPU: the kernels compiled for other targets (NUMBA_CPU_NAME, each in a
+subprocess with its own numba cache) give exactly the record this process gives, and the record
+committed in golden.json (made on another machine, so CI on an AMD or Intel machine proves it for
+real). Targets: generic x86-64 (SSE2 only: no FMA unit, llvm.fma becomes libm's fmaf), haswell
+(AVX2 + FMA, 16 vector registers, 3-row tiles) and, where this CPU can run it, skylake-avx512
+(AVX-512, 32 registers, 10-row tiles)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import llvmlite.binding as llb
+import pytest
+
+import golden
+
+HERE = Path(__file__).parent
+TARGETS = ["generic", "haswell"] + (["skylake-avx512"] if "+avx512f" in llb.get_host_cpu_features().flatten() else [])
+
+
+@pytest.fixture(scope="module")
+def here_record():
+    return golden.record()
+
+
+def test_this_machine_reproduces_the_golden_record(here_record):
+    want = json.loads(golden.GOLDEN.read_text())
+    assert here_record == want, "this CPU computes other bits than the machine that wrote golden.json"
+    assert all(v for k, v in want.items() if k.startswith("lookup_equals"))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_other_compile_targets_give_the_same_bits(here_record, target, tmp_path):
+    env = dict(os.environ, NUMBA_CPU_NAME=target, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    out = subprocess.run([sys.executable, str(HERE / "golden.py")], env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == here_record, target
+
+
+def test_the_tile_height_follows_the_target():
+    """Teeth for the test above: the targets really compile different tile shapes."""
+    code = "from exactspec import tile; print(tile.MR_MAX)"
+    heights = {}
+    for target in ("haswell", "skylake-avx512"):
+        env = dict(os.environ, NUMBA_CPU_NAME=target)
+        heights[target] = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                         check=True).stdout.strip()
+    assert heights == {"haswell": "3", "skylake-avx512": "10"}
