@@ -1,20 +1,28 @@
 """Batch-invariant CPU kernels (numba), each with a plain torch reference twin.
 
 Contract: every floating-point reduction here runs in an order fixed by the row's own data and
-the model's shape, never by the number of rows in the call, the batch, the cache length or the
-thread count. How that is achieved:
+the model's shape, never by the number of rows in the call, the batch, the cache length, the
+thread count or the CPU. How that is achieved:
 
-* No `fastmath`: LLVM may not reassociate or fuse (no FMA contraction), so the order written in
-  the source *is* the order computed, whatever the compiler vectorizes, on any x86 CPU.
-* Vectorization only across independent outputs (lanes), never along a reduction. The linear
-  kernel sums `x[m, k] * w[n, k]` over k = 0, 1, ..., K-1 one term at a time, with 8..64 outputs n
-  side by side in SIMD lanes. Its torch twin `linear_ref` does the same K-step loop and matches
-  it bitwise.
+* No `fastmath`: LLVM may not reassociate, and may not contract a multiply and an add into an FMA
+  on its own, so the order written in the source *is* the order computed, whatever the compiler
+  vectorizes.
+* FMA only where the source says so: the linear kernel's register tile (tile.py) calls
+  `llvm.fma` explicitly. An FMA is one correctly rounded IEEE operation, the same bits with or
+  without an FMA unit (LLVM falls back to libm's fmaf), so it is as exact as a mul then an add,
+  and it halves the vector ops. Allowed because every output is the *same* chain,
+  acc = fma(x[m, k], w[n, k], acc) for k = 0, 1, ..., K-1 from +0.0, for every row count, tile
+  height, thread count and vector width. `linear_ref` computes that chain in plain torch (a
+  round-to-odd float64 FMA, `fma_ref`) and matches it bitwise; tests also compile the kernels for
+  other CPUs (tests/test_cross_cpu.py) and check a golden record (tests/golden.json).
+* Vectorization only across independent outputs (lanes), never along a reduction: a wider or
+  narrower vector (SSE, AVX2, AVX-512) splits lanes differently but never changes a lane's chain.
 * Threads (numba prange) split outputs: weight blocks, rows, (row, head) pairs. One output is
   always computed by one thread, start to end.
 * Transcendentals (exp) are scalar libm calls in loops indexed by a row's own positions, so an
   element never switches between a vector body and a scalar tail. SVML is disabled in
   `exactspec/__init__.py` before numba is imported.
+* Everything except the linear kernel (norms, attention, rope, softmax) uses plain mul and add.
 """
 from __future__ import annotations
 

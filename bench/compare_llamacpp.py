@@ -1,0 +1,166 @@
+"""exactspec vs llama.cpp on the same BF16 weights, side by side in one run, 2 threads each.
+
+    pip install -e '.[bench]'        # llama-cpp-python (built from source by pip) and gguf
+    python bench/compare_llamacpp.py [--tokens 64] [--repeat 3] [--llama-python PATH]
+
+A random Llama in Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14/2 heads, intermediate 4864,
+vocabulary 32000, tied embeddings) is saved once as a HF folder (for exactspec) and written as a
+BF16 GGUF with gguf.GGUFWriter (for llama.cpp: q/k rows permuted to its rotary layout, as its own
+converter does). Each side runs in its own process, one after the other (their thread pools spin
+after each call and would steal each other's cores): prompt processing of a 64-token prompt
+(tokens/s) and greedy generation (tokens/s, argmax of the logits, no sampler), median of --repeat
+runs. Prints the ratios, and how many greedy tokens the two agree on (llama.cpp rounds the
+activations to bf16 for its BF16 dot products; exactspec keeps them float32, so they drift apart
+at the first near-tie).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SHAPE = dict(vocab_size=32000, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+             num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0,
+             tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+PROMPT = [1] + list(range(300, 363))  # 64 tokens
+
+
+def build(folder: Path) -> None:
+    import torch
+    import transformers as tf
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(**SHAPE)).to(torch.bfloat16).eval()
+    model.save_pretrained(folder / "hf")
+    write_gguf(model.state_dict(), folder / "model-bf16.gguf")
+
+
+def write_gguf(sd: dict, path: Path) -> None:
+    import gguf
+    import numpy as np
+    import torch
+    c = SHAPE
+    H, Hq, Hkv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(H)
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(Hq)
+    w.add_head_count_kv(Hkv)
+    w.add_rope_dimension_count(H // Hq)
+    w.add_rope_freq_base(c["rope_theta"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
+    # a SentencePiece-style vocabulary of placeholder pieces: the benchmark feeds token ids only
+    V = c["vocab_size"]
+    toks = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+    toks += [f"\u2581t{i}" for i in range(V - len(toks))]
+    types += [gguf.TokenType.NORMAL] * (V - len(types))
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_scores([0.0] * V)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+    def permute(t: torch.Tensor, heads: int) -> torch.Tensor:  # HF rotate-half rows -> llama.cpp's pairs
+        return t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+
+    def put(name: str, t: torch.Tensor) -> None:
+        if t.dim() == 1:
+            w.add_tensor(name, t.float().numpy())
+        else:
+            bits = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
+            w.add_tensor(name, bits, raw_dtype=gguf.GGMLQuantizationType.BF16)
+
+    put("token_embd.weight", sd["model.embed_tokens.weight"])
+    put("output_norm.weight", sd["model.norm.weight"])
+    for i in range(c["num_hidden_layers"]):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        put(b + "attn_norm.weight", sd[p + "input_layernorm.weight"])
+        put(b + "attn_q.weight", permute(sd[p + "self_attn.q_proj.weight"], Hq))
+        put(b + "attn_k.weight", permute(sd[p + "self_attn.k_proj.weight"], Hkv))
+        put(b + "attn_v.weight", sd[p + "self_attn.v_proj.weight"])
+        put(b + "attn_output.weight", sd[p + "self_attn.o_proj.weight"])
+        put(b + "ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
+        put(b + "ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
+        put(b + "ffn_up.weight", sd[p + "mlp.up_proj.weight"])
+        put(b + "ffn_down.weight", sd[p + "mlp.down_proj.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def run_ours(folder: Path, tokens: int, threads: int) -> dict:
+    import exactspec
+    exactspec.set_num_threads(threads)
+    model = exactspec.load(folder / "hf", dtype="bfloat16", max_context=512)
+    model.generate(PROMPT, 4, ignore_eos=True)  # compile, warm
+    r = model.generate(PROMPT, tokens, ignore_eos=True)
+    gen = (len(r.token_ids) - 1) / (r.stats.wall_time - r.stats.prefill_time)
+    return {"pp": len(PROMPT) / r.stats.prefill_time, "tg": gen, "tokens": r.token_ids}
+
+
+def run_llamacpp(folder: Path, tokens: int, threads: int) -> dict:
+    import numpy as np
+    from llama_cpp import Llama
+    llm = Llama(str(folder / "model-bf16.gguf"), n_ctx=512, n_batch=512, n_threads=threads, n_threads_batch=threads,
+                verbose=False)
+    llm.eval(PROMPT[:8])  # warm
+    llm.reset()
+    t = time.perf_counter()
+    llm.eval(PROMPT)
+    pp = len(PROMPT) / (time.perf_counter() - t)
+    out = [int(np.argmax(llm.scores[llm.n_tokens - 1]))]
+    t = time.perf_counter()
+    for _ in range(tokens - 1):
+        llm.eval([out[-1]])
+        out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+    return {"pp": pp, "tg": (tokens - 1) / (time.perf_counter() - t), "tokens": out}
+
+
+def _child(side: str, folder: str, tokens: int, threads: int, python: str) -> dict:
+    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import compare_llamacpp as c; "
+            f"from pathlib import Path; print(json.dumps(c.run_{side}(Path({folder!r}), {tokens}, {threads})))")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise SystemExit(f"{side} run failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--llama-python", default=sys.executable, help="a Python with llama-cpp-python installed")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        build(Path(tmp))
+        runs = {"ours": [], "llamacpp": []}
+        for _ in range(a.repeat):  # alternate, so slow drifts of the machine hit both sides
+            runs["ours"].append(_child("ours", tmp, a.tokens, a.threads, sys.executable))
+            runs["llamacpp"].append(_child("llamacpp", tmp, a.tokens, a.threads, a.llama_python))
+    med = {s: {k: statistics.median(r[k] for r in rs) for k in ("pp", "tg")} for s, rs in runs.items()}
+    ours, ll = runs["ours"][0]["tokens"], runs["llamacpp"][0]["tokens"]
+    agree = next((i for i, (x, y) in enumerate(zip(ours, ll)) if x != y), min(len(ours), len(ll)))
+    print(f"Llama, Qwen2.5-0.5B shape, random weights, BF16; {a.threads} threads; 64-token prompt, "
+          f"{a.tokens} greedy tokens; median of {a.repeat}")
+    print(f"{'':10} {'prompt tok/s':>13} {'greedy tok/s':>13}")
+    for s in ("ours", "llamacpp"):
+        print(f"{s:10} {med[s]['pp']:13.1f} {med[s]['tg']:13.2f}")
+    print(f"ours / llama.cpp: prompt {med['ours']['pp'] / med['llamacpp']['pp']:.2f}x, "
+          f"greedy {med['ours']['tg'] / med['llamacpp']['tg']:.2f}x")
+    print(f"greedy tokens identical for the first {agree} of {a.tokens}")
+
+
+if __name__ == "__main__":
+    main()
