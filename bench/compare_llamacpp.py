@@ -112,6 +112,9 @@ def run_ours(folder: Path, tokens: int, threads: int) -> dict:
 def run_llamacpp(folder: Path, tokens: int, threads: int) -> dict:
     import numpy as np
     from llama_cpp import Llama
+
+    def argmax() -> int:  # the last row's logits, read from the context (Llama.scores is only kept with logits_all)
+        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
     llm = Llama(str(folder / "model-bf16.gguf"), n_ctx=512, n_batch=512, n_threads=threads, n_threads_batch=threads,
                 verbose=False)
     llm.eval(PROMPT[:8])  # warm
@@ -119,11 +122,11 @@ def run_llamacpp(folder: Path, tokens: int, threads: int) -> dict:
     t = time.perf_counter()
     llm.eval(PROMPT)
     pp = len(PROMPT) / (time.perf_counter() - t)
-    out = [int(np.argmax(llm.scores[llm.n_tokens - 1]))]
+    out = [argmax()]
     t = time.perf_counter()
     for _ in range(tokens - 1):
         llm.eval([out[-1]])
-        out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        out.append(argmax())
     return {"pp": pp, "tg": (tokens - 1) / (time.perf_counter() - t), "tokens": out}
 
 

@@ -18,7 +18,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from . import kernels as K
 from . import tile
@@ -76,11 +77,35 @@ def _gate_up_block(x, w, bias, act, c, half):
         m0 += mr
 
 
+def _embed(table, tokens, x):
+    """x[r] = table[tokens[r]] widened to float32 (table float32, or uint16 holding bfloat16 bits)."""
+
+
+@overload(_embed)
+def _embed_impl(table, tokens, x):
+    if table.dtype == types.uint16:
+        def widen(table, tokens, x):
+            bits = x.view(np.uint32)  # bfloat16 -> float32 is exact: the bf16 bits are the top half
+            for r in range(tokens.shape[0]):
+                row = table[tokens[r]]
+                for i in range(row.shape[0]):
+                    bits[r, i] = np.uint32(row[i]) << 16
+        return widen
+
+    def copy(table, tokens, x):
+        for r in range(tokens.shape[0]):
+            x[r] = table[tokens[r]]
+    return copy
+
+
 @njit(parallel=True, cache=True)
-def _forward(x, slot, pos, out_rows, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, bo, mlp_norm, wgu, bgu, wdown,
+def _forward(tokens, embed, slot, pos, out_rows, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, bo, mlp_norm, wgu, bgu, wdown,
              bdown, norm, head, Hq, Hkv, D, eps, scale, window, cos, sin, kc, vc, logits):
-    # x (R, H) float32 embeddings, updated in place to the last hidden state; logits (len(out_rows), V).
-    R, H = x.shape
+    # tokens (R,) -> logits (len(out_rows), V) float32.
+    R = tokens.shape[0]
+    H = embed.shape[1]
+    x = np.empty((R, H), np.float32)  # the residual stream
+    _embed(embed, tokens, x)
     I = wdown.shape[2]
     L = wqkv.shape[0]
     grp = Hq // Hkv
@@ -123,8 +148,8 @@ def _forward(x, slot, pos, out_rows, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, 
     return logits
 
 
-_forward_serial = njit(cache=True)(_forward.py_func)
-SERIAL_FORWARD = 1 << 22  # multiply-adds per forward below which one thread runs it all (~0.5 ms)
+_forward_serial = K.serial_build(_forward)
+SERIAL_FORWARD = 1 << 19  # multiply-adds per forward below which one thread runs it all (~50 us)
 
 
 @dataclass
@@ -190,15 +215,16 @@ class Stack:
                      w_up=PackedWeight(a["w_gate"][i, 1::2], n, k, gb[half:]))
 
 
-def forward(st: Stack, x: np.ndarray, slot: np.ndarray, pos: np.ndarray, out_rows: np.ndarray, norm: np.ndarray,
-            head: PackedWeight, Hq: int, Hkv: int, D: int, eps: float, scale: float, window: int,
-            cos: np.ndarray, sin: np.ndarray, kc: np.ndarray, vc: np.ndarray) -> np.ndarray:
-    """x (R, H) float32 (overwritten), slot/pos (R,) int64, out_rows (n,) int64 -> logits (n, V)."""
+def forward(st: Stack, tokens: np.ndarray, embed: np.ndarray, slot: np.ndarray, pos: np.ndarray,
+            out_rows: np.ndarray, norm: np.ndarray, head: PackedWeight, Hq: int, Hkv: int, D: int, eps: float,
+            scale: float, window: int, cos: np.ndarray, sin: np.ndarray, kc: np.ndarray, vc: np.ndarray) -> np.ndarray:
+    """tokens, slot, pos (R,) int64 (checked by the caller), embed (V, H) float32 or uint16 (bf16 bits),
+    out_rows (n,) int64 -> logits (n, V) float32."""
     logits = np.empty((out_rows.shape[0], head.n), np.float32)
-    if x.shape[0] == 0:
+    if tokens.shape[0] == 0:
         return logits
     a = st.arrays
-    kern = _forward_serial if x.shape[0] * (st.work + head.n * head.k) < SERIAL_FORWARD else _forward
-    return kern(x, slot, pos, out_rows, a["attn_norm"], a["wqkv"], a["b_wqkv"], a["q_norm"], a["k_norm"], a["wo"],
+    kern = _forward_serial if tokens.shape[0] * (st.work + head.n * head.k) < SERIAL_FORWARD else _forward
+    return kern(tokens, embed, slot, pos, out_rows, a["attn_norm"], a["wqkv"], a["b_wqkv"], a["q_norm"], a["k_norm"], a["wo"],
                 a["b_wo"], a["mlp_norm"], a["w_gate"], a["b_w_gate"], a["w_down"], a["b_w_down"], norm, head.data,
                 Hq, Hkv, D, np.float32(eps), np.float32(scale), window, cos, sin, kc, vc, logits)

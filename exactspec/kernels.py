@@ -27,6 +27,7 @@ thread count or the CPU. How that is achieved:
 from __future__ import annotations
 
 import math
+import types
 from dataclasses import dataclass
 
 import numba
@@ -122,10 +123,21 @@ def _linear(x, w, bias, y):
     return y
 
 
-# The same source compiled without threads, for calls too small to pay a thread-pool wake-up.
-# Without fastmath the compiler must keep every rounding as written, so the serial and the
-# parallel build give the same bits (tests compare rows across the switch).
-_linear_serial = njit(cache=True)(_linear.py_func)
+def serial_build(parallel_kernel):
+    """The same source compiled without threads, for calls too small to pay a thread-pool wake-up.
+    Without fastmath the compiler must keep every rounding as written, so the serial and the
+    parallel build give the same bits (tests compare rows across the switch).
+
+    The copy gets its own name: numba's disk cache keys entries by function name, line and
+    signature, not by the `parallel` flag, so a same-named serial build would load the cached
+    parallel machine code (or the reverse)."""
+    f = parallel_kernel.py_func
+    g = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial", f.__defaults__, f.__closure__)
+    g.__qualname__ = f.__qualname__ + "_serial"
+    return njit(cache=True)(g)
+
+
+_linear_serial = serial_build(_linear)
 SERIAL_WORK = 1 << 18  # multiply-adds below which a call runs on the calling thread (~30 us)
 
 
@@ -365,7 +377,7 @@ def _attention(q, kt, v, slot, pos, scale, window, out):
     return out
 
 
-_attention_serial = njit(cache=True)(_attention.py_func)
+_attention_serial = serial_build(_attention)
 
 
 def attention(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
@@ -530,7 +542,7 @@ def _masked_attention(q, kt, v, mask, scale, out):
     return out
 
 
-_masked_attention_serial = njit(cache=True)(_masked_attention.py_func)
+_masked_attention_serial = serial_build(_masked_attention)
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: np.ndarray,

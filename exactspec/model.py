@@ -17,7 +17,7 @@ from . import forward as F
 from . import kernels as K
 from .cache import KVCache
 from .config import ModelConfig
-from .errors import ContextLengthError, UnsupportedModelError
+from .errors import ContextLengthError, InvalidArgumentError, UnsupportedModelError
 from .weights import TensorStore
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -98,14 +98,21 @@ class Transformer:
         self.lm_head = K.pack_weight(head)
         self.cos, self.sin = K.rope_table(inv_freq(cfg), max_context)  # (C, D) each
         self.scale = 1.0 / math.sqrt(D)
+        e = self.embed.contiguous()
+        self._embed_np = e.view(torch.int16).numpy().view(np.uint16) if e.dtype == torch.bfloat16 else e.numpy()
+        self._cos_np, self._sin_np = self.cos.numpy(), self.sin.numpy()
 
     def new_cache(self, n_slots: int, capacity: int) -> KVCache:
         c = self.cfg
         return KVCache(c.n_layers, n_slots, c.n_kv_heads, c.head_dim, min(capacity, self.max_context))
 
-    def _check(self, pos: torch.Tensor, slot: torch.Tensor, cache: KVCache) -> None:
-        if pos.shape[0] and (int(pos.max()) >= cache.capacity or int(pos.min()) < 0 or int(slot.max()) >= cache.n_slots):
-            # the kernels index raw memory: never let a bad position or slot reach them
+    def _check(self, tokens: np.ndarray, pos: np.ndarray, slot: np.ndarray, cache: KVCache) -> None:
+        # the kernels index raw memory: never let a bad token, position or slot reach them
+        if tokens.shape[0] and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size):
+            raise InvalidArgumentError(f"forward: token ids {int(tokens.min())}..{int(tokens.max())} are outside "
+                                       f"the vocabulary (0..{self.cfg.vocab_size - 1})")
+        if pos.shape[0] and (int(pos.max()) >= cache.capacity or int(pos.min()) < 0 or int(slot.max()) >= cache.n_slots
+                             or int(slot.min()) < 0):
             raise ContextLengthError(f"forward: positions {int(pos.min())}..{int(pos.max())} / slots up to "
                                      f"{int(slot.max())} do not fit the cache ({cache.capacity} positions, "
                                      f"{cache.n_slots} slots)")
@@ -117,19 +124,19 @@ class Transformer:
         Writes each row's keys/values into `cache` at (slot, pos); which positions are valid is the
         caller's (decode loop's) business. Bitwise equal to `forward_ref`.
         """
-        self._check(pos, slot, cache)
+        t, s, p = tokens.numpy(), slot.numpy(), pos.numpy()
+        self._check(t, p, s, cache)
         c = self.cfg
-        rows = torch.arange(tokens.shape[0]) if out_rows is None else out_rows
-        x = self.embed[tokens].float().numpy()  # (R, H)
-        logits = F.forward(self.stack, x, slot.numpy(), pos.numpy(), rows.numpy(), self.norm, self.lm_head,
-                           c.n_heads, c.n_kv_heads, c.head_dim, c.rms_norm_eps, self.scale, c.sliding_window or 0,
-                           self.cos.numpy(), self.sin.numpy(), cache.k.numpy(), cache.v.numpy())
+        rows = np.arange(t.shape[0]) if out_rows is None else out_rows.numpy()
+        logits = F.forward(self.stack, t, self._embed_np, s, p, rows, self.norm, self.lm_head, c.n_heads,
+                           c.n_kv_heads, c.head_dim, c.rms_norm_eps, self.scale, c.sliding_window or 0, self._cos_np,
+                           self._sin_np, cache.k.numpy(), cache.v.numpy())
         return torch.from_numpy(logits)
 
     def forward_ref(self, tokens: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, cache: KVCache,
                     out_rows: torch.Tensor | None = None) -> torch.Tensor:
         """The readable twin of `forward`: one kernel call per step, in data-flow order."""
-        self._check(pos, slot, cache)
+        self._check(tokens.numpy(), pos.numpy(), slot.numpy(), cache)
         c = self.cfg
         R, D, Hq, Hkv = tokens.shape[0], c.head_dim, c.n_heads, c.n_kv_heads
         x = self.embed[tokens].float()  # (R, H)

@@ -103,9 +103,14 @@ def pick(logits: torch.Tensor, p: SamplingParams, position: int, history: Sequen
     """The token at absolute `position` given the logits row predicting it."""
     if p.greedy and p.repetition_penalty == 1.0:
         return int(torch.argmax(logits))
-    if p.greedy:
-        return int(torch.argmax(filtered_logits(logits, SamplingParams(1.0, repetition_penalty=p.repetition_penalty),
-                                                history)))
+    if p.greedy:  # filtered_logits' penalty on the history's tokens only, then the first argmax (as torch's)
+        z = logits.numpy().copy()
+        ids = np.unique(np.asarray(history, dtype=np.int64))
+        ids = ids[ids < z.shape[0]]
+        if ids.shape[0]:
+            s = torch.from_numpy(z[ids])  # the same torch ops on the same (len(ids),) tensor: the same bits
+            z[ids] = torch.where(s > 0, s / p.repetition_penalty, s * p.repetition_penalty).numpy()
+        return int(np.argmax(z))
     z = filtered_logits(logits, p, history).double().numpy()
     return int(np.argmax(z + gumbel_noise(p.seed, position, z.shape[0])))
 

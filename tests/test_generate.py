@@ -76,3 +76,20 @@ def test_logits_shape_and_empty(ckpt):
     assert model.logits([4, 5, 6]).shape == (3, 320)
     assert model.logits([]).shape == (0, 320)
     assert torch.equal(model.logits([4, 5, 6])[:2], model.logits([4, 5]))
+
+
+def test_greedy_repetition_penalty_fast_path_equals_filtered_logits():
+    """pick's greedy + penalty path (numpy, history tokens only) == argmax of filtered_logits."""
+    import random
+    from exactspec import sampling as S
+    g = torch.Generator().manual_seed(0)
+    rnd = random.Random(0)
+    for trial in range(600):
+        V = rnd.choice([50, 320, 4096])
+        z = torch.randn(V, generator=g) * 3
+        if trial % 3 == 0:
+            z = z.round()  # exact ties: the first index wins in both
+        hist = [rnd.randrange(V + 5) for _ in range(rnd.randrange(0, 60))]  # ids >= V are ignored
+        rp = rnd.choice([1.1, 1.2, 1.3, 2.0, 0.9])
+        want = int(torch.argmax(S.filtered_logits(z, S.SamplingParams(1.0, repetition_penalty=rp), hist)))
+        assert S.pick(z, S.SamplingParams(0.0, repetition_penalty=rp), 0, hist) == want, trial
