@@ -25,33 +25,6 @@ from . import kernels as K
 from . import tile
 from .kernels import MR_MAX, NL, PackedWeight
 
-_STORE, _ADD = 0, 1
-
-
-@njit(inline="always")
-def _block(x, w, bias, y, b, mode):
-    # One NL-column output block of y = x @ w.T (+ bias), or y += that (mode _ADD), all rows.
-    M = x.shape[0]
-    n0 = b * NL
-    nb = min(NL, y.shape[1] - n0)
-    t = np.empty((MR_MAX, NL), np.float32)
-    ntiles = (M + MR_MAX - 1) // MR_MAX
-    m0 = 0
-    for i in range(ntiles):
-        mr = (M - m0 + ntiles - i - 1) // (ntiles - i)
-        tile.run_tile(mr, x, m0, w, b, t)
-        for m in range(mr):
-            for j in range(nb):
-                v = t[m, j]
-                if bias.shape[0] > 0:
-                    v = v + bias[n0 + j]
-                if mode == _ADD:
-                    y[m0 + m, n0 + j] = y[m0 + m, n0 + j] + v
-                else:
-                    y[m0 + m, n0 + j] = v
-        m0 += mr
-
-
 @njit(inline="always")
 def _gate_up_block(x, w, bias, act, c, half):
     # Intermediate columns c*NL ..: gate = block 2c, up = block 2c+1; act = silu(gate) * up.
@@ -63,7 +36,7 @@ def _gate_up_block(x, w, bias, act, c, half):
     ntiles = (M + MR_MAX - 1) // MR_MAX
     m0 = 0
     for i in range(ntiles):
-        mr = (M - m0 + ntiles - i - 1) // (ntiles - i)
+        mr = K._tile_height(M, m0, i, ntiles)
         tile.run_tile(mr, x, m0, w, 2 * c, g)
         tile.run_tile(mr, x, m0, w, 2 * c + 1, u)
         for m in range(mr):
@@ -108,35 +81,27 @@ def _forward(tokens, embed, slot, pos, out_rows, attn_norm, wqkv, bqkv, q_norm, 
     _embed(embed, tokens, x)
     I = wdown.shape[2]
     L = wqkv.shape[0]
-    grp = Hq // Hkv
     nqkv = (Hq + 2 * Hkv) * D
     h = np.empty((R, H), np.float32)
     qkv = np.empty((R, nqkv), np.float32)
     q = np.empty((R, Hq, D), np.float32)
     a = np.empty((R, Hq * D), np.float32)
+    a3 = a.reshape((R, Hq, D))  # the same memory, per head
     act = np.empty((R, I), np.float32)
     for i in range(L):
         K._rmsnorm(x, attn_norm[i], eps, h)
         for b in prange(wqkv.shape[1]):
-            _block(h, wqkv[i], bqkv[i], qkv, b, _STORE)
+            K._linear_block(h, wqkv[i], bqkv[i], qkv, b, K.STORE)
         K._qkv_rope_cache(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos, sin, slot, pos, kc[i], vc[i], q)
         for t in prange(R * Hq):
-            r = t // Hq
-            hh = t % Hq
-            s = slot[r]
-            p = pos[r]
-            j0 = 0
-            if window > 0 and p - window + 1 > 0:
-                j0 = p - window + 1
-            K._attend(q[r, hh], kc[i, s, hh // grp], vc[i, s, hh // grp], j0, p + 1 - j0, K._ALL, scale,
-                      a[r, hh * D:(hh + 1) * D])
+            K._attend_task(t, q, kc[i], vc[i], slot, pos, scale, window, a3)
         for b in prange(wo.shape[1]):
-            _block(a, wo[i], bo[i], x, b, _ADD)
+            K._linear_block(a, wo[i], bo[i], x, b, K.ADD)
         K._rmsnorm(x, mlp_norm[i], eps, h)
         for c in prange(wgu.shape[1] // 2):
             _gate_up_block(h, wgu[i], bgu[i], act, c, I)
         for b in prange(wdown.shape[1]):
-            _block(act, wdown[i], bdown[i], x, b, _ADD)
+            K._linear_block(act, wdown[i], bdown[i], x, b, K.ADD)
     n = out_rows.shape[0]
     hf = np.empty((n, H), np.float32)
     xs = np.empty((n, H), np.float32)
@@ -144,7 +109,7 @@ def _forward(tokens, embed, slot, pos, out_rows, attn_norm, wqkv, bqkv, q_norm, 
         xs[r] = x[out_rows[r]]
     K._rmsnorm(xs, norm, eps, hf)
     for b in prange(head.shape[0]):
-        _block(hf, head, np.empty(0, np.float32), logits, b, _STORE)
+        K._linear_block(hf, head, np.empty(0, np.float32), logits, b, K.STORE)
     return logits
 
 

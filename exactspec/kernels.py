@@ -93,10 +93,19 @@ def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeig
     return PackedWeight(data, n, k, b)
 
 
+STORE, ADD = 0, 1  # _linear_block writes y = x @ w.T + bias, or adds it to y (a residual)
+
+
 @njit(inline="always")
-def _linear_block(x, w, bias, y, b):
-    # Output block b (NL columns) for every row of x, in tiles of at most MR_MAX rows split evenly
-    # (M = 11 -> 6 + 5): each weight vector is read once per tile, the rows' chains never mix.
+def _tile_height(M, m0, i, ntiles):
+    # Rows of tile i when M rows are split into ntiles tiles as evenly as possible (11 -> 6 + 5).
+    return (M - m0 + ntiles - i - 1) // (ntiles - i)
+
+
+@njit(inline="always")
+def _linear_block(x, w, bias, y, b, mode):
+    # Output block b (NL columns) for every row of x, in tiles of at most MR_MAX rows: each weight
+    # vector is read once per tile, the rows' chains never mix. mode ADD: y += chain + bias.
     M = x.shape[0]
     n0 = b * NL
     nb = min(NL, y.shape[1] - n0)
@@ -104,22 +113,24 @@ def _linear_block(x, w, bias, y, b):
     ntiles = (M + MR_MAX - 1) // MR_MAX
     m0 = 0
     for i in range(ntiles):
-        mr = (M - m0 + ntiles - i - 1) // (ntiles - i)
+        mr = _tile_height(M, m0, i, ntiles)
         tile.run_tile(mr, x, m0, w, b, t)
         for m in range(mr):
-            if bias.shape[0] > 0:
-                for j in range(nb):
-                    y[m0 + m, n0 + j] = t[m, j] + bias[n0 + j]
-            else:
-                for j in range(nb):
-                    y[m0 + m, n0 + j] = t[m, j]
+            for j in range(nb):
+                v = t[m, j]
+                if bias.shape[0] > 0:
+                    v = v + bias[n0 + j]
+                if mode == ADD:
+                    y[m0 + m, n0 + j] = y[m0 + m, n0 + j] + v
+                else:
+                    y[m0 + m, n0 + j] = v
         m0 += mr
 
 
 @njit(parallel=True, cache=True)
 def _linear(x, w, bias, y):
     for b in prange(w.shape[0]):
-        _linear_block(x, w, bias, y, b)
+        _linear_block(x, w, bias, y, b, STORE)
     return y
 
 
@@ -360,20 +371,25 @@ def _attend(qv, kk, vv, j0, n, mrow, scale, o):
         o[d] = o[d] / l
 
 
+@njit(inline="always")
+def _attend_task(t, q, kt, v, slot, pos, scale, window, out):
+    # Task t = (row r, query head h): row r at position p of slot s over its keys j0..p.
+    Hq = q.shape[1]
+    r = t // Hq
+    h = t % Hq
+    s = slot[r]
+    p = pos[r]
+    j0 = 0
+    if window > 0 and p - window + 1 > 0:
+        j0 = p - window + 1
+    g = h // (Hq // kt.shape[1])
+    _attend(q[r, h], kt[s, g], v[s, g], j0, p + 1 - j0, _ALL, scale, out[r, h])
+
+
 @njit(parallel=True, cache=True)
 def _attention(q, kt, v, slot, pos, scale, window, out):
-    R, Hq, D = q.shape
-    Hkv = kt.shape[1]
-    grp = Hq // Hkv
-    for t in prange(R * Hq):
-        r = t // Hq
-        h = t % Hq
-        s = slot[r]
-        p = pos[r]
-        j0 = 0
-        if window > 0 and p - window + 1 > 0:
-            j0 = p - window + 1
-        _attend(q[r, h], kt[s, h // grp], v[s, h // grp], j0, p + 1 - j0, _ALL, scale, out[r, h])
+    for t in prange(q.shape[0] * q.shape[1]):
+        _attend_task(t, q, kt, v, slot, pos, scale, window, out)
     return out
 
 
