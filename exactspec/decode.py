@@ -13,11 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
 
 from .drafters import Drafter
 from .errors import ContextLengthError, InvalidArgumentError
-from .model import Transformer
+from .model import Transformer, int64s
 from .sampling import SamplingParams, pick, pick_rows
 
 
@@ -209,8 +208,7 @@ class Batch:
             tok += [s.tokens[-1]] + d
             slot += [s.slot] * (len(d) + 1)
             pos += range(n - 1, n + len(d))
-        logits = self.target.forward(torch.tensor(tok), torch.tensor(slot), torch.tensor(pos), self.cache,
-                                     torch.tensor(rows))
+        logits = self.target.forward(int64s(tok), int64s(slot), int64s(pos), self.cache, int64s(rows))
         out = []
         for i, s in enumerate(new):
             s.prefilled = True

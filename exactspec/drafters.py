@@ -12,11 +12,10 @@ from __future__ import annotations
 from typing import Protocol, Sequence
 
 import numpy as np
-import torch
 
 from . import kernels as K
 from .errors import InvalidArgumentError
-from .model import Transformer
+from .model import Transformer, int64s
 from .sampling import SamplingParams, pick
 
 
@@ -118,8 +117,7 @@ class DraftModelDrafter:
                 pos += range(start, start + len(ids))
                 last.append(len(tok) - 1)
                 self.cached[s].extend(ids)
-            logits = self.model.forward(torch.tensor(tok), torch.tensor(slot), torch.tensor(pos), self.cache,
-                                        torch.tensor(last))
+            logits = self.model.forward(int64s(tok), int64s(slot), int64s(pos), self.cache, int64s(last))
             self.forward_passes += 1
             probs = K.softmax(logits) if self.confidence > 0 else None
             nxt = []

@@ -75,6 +75,28 @@ def gumbel_noise(seed: int, position: int, n: int) -> np.ndarray:
     return _gumbel(seed, position, n, np.empty(n, np.float64))
 
 
+@njit(cache=True)
+def _greedy_penalized(z, history, inv, rp):
+    # argmax of filtered_logits(z, repetition penalty only): tokens seen in the history are divided
+    # by the penalty when positive (torch computes `s / rp` as s * (1 / rp) in float32, and so do
+    # we) or multiplied by it; the first index of the maximum wins, as in torch.argmax.
+    V = z.shape[0]
+    seen = np.zeros(V, np.bool_)
+    for t in history:
+        if 0 <= t < V:
+            seen[t] = True
+    best = np.float32(-np.inf)
+    arg = 0
+    for i in range(V):
+        v = z[i]
+        if seen[i]:
+            v = v * inv if v > 0 else v * rp
+        if v > best:
+            best = v
+            arg = i
+    return arg
+
+
 def filtered_logits(logits: torch.Tensor, p: SamplingParams, history: Sequence[int]) -> torch.Tensor:
     """(V,) float32 -> (V,) float32 z/T with filtered-out tokens at -inf. Row-local, deterministic."""
     z = logits.clone()
@@ -103,14 +125,9 @@ def pick(logits: torch.Tensor, p: SamplingParams, position: int, history: Sequen
     """The token at absolute `position` given the logits row predicting it."""
     if p.greedy and p.repetition_penalty == 1.0:
         return int(torch.argmax(logits))
-    if p.greedy:  # filtered_logits' penalty on the history's tokens only, then the first argmax (as torch's)
-        z = logits.numpy().copy()
-        ids = np.unique(np.asarray(history, dtype=np.int64))
-        ids = ids[ids < z.shape[0]]
-        if ids.shape[0]:
-            s = torch.from_numpy(z[ids])  # the same torch ops on the same (len(ids),) tensor: the same bits
-            z[ids] = torch.where(s > 0, s / p.repetition_penalty, s * p.repetition_penalty).numpy()
-        return int(np.argmax(z))
+    if p.greedy:
+        rp = np.float32(p.repetition_penalty)
+        return int(_greedy_penalized(logits.numpy(), np.array(history, np.int64), np.float32(1.0) / rp, rp))
     z = filtered_logits(logits, p, history).double().numpy()
     return int(np.argmax(z + gumbel_noise(p.seed, position, z.shape[0])))
 
