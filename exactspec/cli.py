@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--threads", type=int, default=None)
     d = sub.add_parser("demo", help="the shipped demo pair: plain vs speculative decoding, identity checked")
     d.add_argument("--max-new-tokens", type=int, default=128)
-    d.add_argument("--num-draft-tokens", type=_draft_len, default=5)
+    d.add_argument("--num-draft-tokens", type=_draft_len, default="dynamic")
     d.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     d.add_argument("--folder", default=None, help="folder with target/ and draft/ (default: the bundled demo)")
     d.add_argument("--repetition-penalty", type=float, default=1.2,

@@ -19,7 +19,7 @@ def demo_folder() -> Path:
     return Path(__file__).resolve().parents[1] / "demo"
 
 
-def run(folder: Path | None = None, max_new_tokens: int = 128, k: int | str = 5, dtype: str = "bfloat16",
+def run(folder: Path | None = None, max_new_tokens: int = 128, k: int | str = "dynamic", dtype: str = "bfloat16",
         repetition_penalty: float = 1.2, out=sys.stdout) -> list[dict]:
     from . import load
     folder = folder or demo_folder()
