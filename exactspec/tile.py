@@ -95,9 +95,12 @@ def _make(mr: int):
                 xr = builder.insert_element(ir.Constant(vf, ir.Undefined), xr, ir.Constant(i32, 0))
                 xs.append(builder.shuffle_vector(xr, ir.Constant(vf, ir.Undefined), bcast))
             krow = builder.mul(k, ir.Constant(i64, NL))
-            pf = builder.gep(wbase, [builder.add(krow, ir.Constant(i64, PREFETCH_BYTES // (2 if bf16 else 4)))])
-            builder.call(prefetch, [builder.bitcast(pf, i8p), ir.Constant(i32, 0), ir.Constant(i32, 2 if mr == 1 else 3),
-                                    ir.Constant(i32, 1)])
+            size = 2 if bf16 else 4
+            for line in range(NL * size // 64):  # every cache line of the k-row (1 for bf16, 2 for f32)
+                ahead = (PREFETCH_BYTES + 64 * line) // size
+                pf = builder.gep(wbase, [builder.add(krow, ir.Constant(i64, ahead))])
+                builder.call(prefetch, [builder.bitcast(pf, i8p), ir.Constant(i32, 0),
+                                        ir.Constant(i32, 2 if mr == 1 else 3), ir.Constant(i32, 1)])
             new = [[None] * (NL // V) for _ in range(mr)]
             for v in range(NL // V):
                 p = builder.gep(wbase, [builder.add(krow, ir.Constant(i64, v * V))])
