@@ -55,6 +55,8 @@ class Transformer:
         self.max_context = max_context
         wd = DTYPES[dtype]
         H, D, Hq, Hkv, I = cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size
+        if cfg.n_layers < 1:
+            raise UnsupportedModelError(f"num_hidden_layers={cfg.n_layers}: at least one layer is needed")
         if Hq % Hkv:
             raise UnsupportedModelError(f"num_attention_heads={Hq} is not a multiple of num_key_value_heads={Hkv}")
 

@@ -106,6 +106,14 @@ def test_unsupported_rope_and_activation(copy):
         exactspec.load(d)
 
 
+def test_zero_layers(copy):
+    d = copy()
+    c = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**c, "num_hidden_layers": 0}))
+    with pytest.raises(UnsupportedModelError, match="num_hidden_layers=0"):
+        exactspec.load(d)
+
+
 def test_unsupported_dtype(ckpt):
     with pytest.raises(UnsupportedModelError, match="dtype='float16'"):
         exactspec.load(ckpt("llama"), dtype="float16")
@@ -124,6 +132,10 @@ def test_bad_token_ids_and_text_without_tokenizer(copy):
     m = exactspec.load(d)
     with pytest.raises(InvalidArgumentError, match="token id 999 outside the vocabulary"):
         m.generate([1, 999], max_new_tokens=2)
+    with pytest.raises(InvalidArgumentError, match=r"token ids -1\.\.5 are outside the vocabulary \(0\.\.319\)"):
+        m.logits([-1, 5])  # the kernels index raw memory: refused, not wrapped to the last id
+    with pytest.raises(InvalidArgumentError, match="token ids 999..999"):
+        m.logits([999])
     (d / "tokenizer.json").unlink()
     with pytest.raises(CheckpointError, match="no tokenizer.json"):
         exactspec.load(d).generate("hello", max_new_tokens=2)
