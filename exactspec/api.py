@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence as Seq
@@ -29,6 +30,7 @@ class Model:
     def __init__(self, folder: Path, cfg: ModelConfig, net: Transformer, tokenizer: Tokenizer | None,
                  eos: tuple[int, ...]):
         self.folder, self.cfg, self.net, self.tokenizer, self.eos_token_ids = folder, cfg, net, tokenizer, eos
+        self._same_vocab: weakref.WeakSet = weakref.WeakSet()  # draft Models whose tokenizer matched ours
 
     def __repr__(self) -> str:
         return f"Model({str(self.folder)!r}, arch={self.cfg.arch}, dtype={self.net.dtype})"
@@ -111,9 +113,12 @@ class Model:
                 raise InvalidArgumentError(
                     f"draft model {draft.folder}: vocabulary size {draft.cfg.vocab_size} differs from the "
                     f"target's {self.cfg.vocab_size}; draft and target must share a tokenizer")
-            if (self.tokenizer is not None and draft.tokenizer is not None
-                    and self.tokenizer.tok.get_vocab() != draft.tokenizer.tok.get_vocab()):
-                raise InvalidArgumentError(f"draft model {draft.folder}: tokenizer vocabulary differs from the target's")
+            if self.tokenizer is not None and draft.tokenizer is not None and draft not in self._same_vocab:
+                # get_vocab() costs ~1 ms for a 4k vocabulary: compare once per draft model
+                if self.tokenizer.tok.get_vocab() != draft.tokenizer.tok.get_vocab():
+                    raise InvalidArgumentError(f"draft model {draft.folder}: tokenizer vocabulary differs from the "
+                                               "target's")
+                self._same_vocab.add(draft)
             return DraftModelDrafter(draft.net, confidence)
         raise InvalidArgumentError(f"draft={draft!r}: expected None, 'lookup' or an exactspec Model")
 
