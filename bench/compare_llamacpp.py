@@ -1,7 +1,7 @@
 """exactspec vs llama.cpp on the same BF16 weights, side by side in one run, 2 threads each.
 
     pip install -e '.[bench]'        # llama-cpp-python (built from source by pip) and gguf
-    python bench/compare_llamacpp.py [--tokens 64] [--repeat 3] [--llama-python PATH]
+    python bench/compare_llamacpp.py [--tokens 64] [--repeat 3] [--llama-python PATH] [--gguf FILE]
 
 A random Llama in Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14/2 heads, intermediate 4864,
 vocabulary 32000, tied embeddings) is saved once as a HF folder (for exactspec) and written as a
@@ -36,14 +36,39 @@ def build(folder: Path) -> None:
     torch.manual_seed(0)
     model = tf.LlamaForCausalLM(tf.LlamaConfig(**SHAPE)).to(torch.bfloat16).eval()
     model.save_pretrained(folder / "hf")
-    write_gguf(model.state_dict(), folder / "model-bf16.gguf")
+    write_gguf(model.state_dict(), folder / "model-bf16.gguf", SHAPE)
 
 
-def write_gguf(sd: dict, path: Path) -> None:
+def from_gguf(src: Path, folder: Path) -> dict:
+    """Dequantize a llama GGUF (e.g. SmolLM2's Q4_1) to BF16 and write it as model-bf16.gguf: both
+    sides then read the very same BF16 weights from one file."""
+    import torch
+    from exactspec.gguf_file import GGUFFile, gguf_name
+    store = GGUFFile(src)
+    c = store.config_cache
+    if c.arch != "llama":
+        raise SystemExit(f"{src}: only llama GGUF files are converted here (got {c.arch})")
+    shape = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                 num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads,
+                 max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
+                 rope_theta=c.rope_theta, tie_word_embeddings=c.tie_word_embeddings)
+    names = ["model.embed_tokens.weight", "model.norm.weight"] + [
+        f"model.layers.{i}.{n}" for i in range(c.n_layers) for n in (
+            "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+            "mlp.up_proj.weight", "mlp.down_proj.weight")]
+    sd = {}
+    for n in names:
+        t = store.tensors[gguf_name(n)]
+        sd[n] = store.get(n, tuple(int(d) for d in reversed(t.shape.tolist())), torch.bfloat16)
+    write_gguf(sd, folder / "model-bf16.gguf", shape)
+    return shape
+
+
+def write_gguf(sd: dict, path: Path, c: dict) -> None:
     import gguf
     import numpy as np
     import torch
-    c = SHAPE
     H, Hq, Hkv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_context_length(c["max_position_embeddings"])
@@ -102,7 +127,8 @@ def write_gguf(sd: dict, path: Path) -> None:
 def run_ours(folder: Path, tokens: int, threads: int) -> dict:
     import exactspec
     exactspec.set_num_threads(threads)
-    model = exactspec.load(folder / "hf", dtype="bfloat16", max_context=512)
+    src = folder / "hf" if (folder / "hf").is_dir() else folder / "model-bf16.gguf"
+    model = exactspec.load(src, dtype="bfloat16", max_context=512)
     model.generate(PROMPT, 4, ignore_eos=True)  # compile, warm
     r = model.generate(PROMPT, tokens, ignore_eos=True)
     gen = (len(r.token_ids) - 1) / (r.stats.wall_time - r.stats.prefill_time)
@@ -145,9 +171,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--llama-python", default=sys.executable, help="a Python with llama-cpp-python installed")
+    ap.add_argument("--gguf", default=None, help="a llama GGUF file (e.g. SmolLM2-135M-Instruct.Q4_1.gguf): "
+                    "dequantized to one BF16 GGUF that both sides load, instead of the random 0.5B-shape model")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        build(Path(tmp))
+        if a.gguf:
+            shape = from_gguf(Path(a.gguf), Path(tmp))
+            what = f"{Path(a.gguf).name} dequantized to BF16 (hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers)"
+        else:
+            build(Path(tmp))
+            what = "Llama, Qwen2.5-0.5B shape, random weights, BF16"
         runs = {"ours": [], "llamacpp": []}
         for _ in range(a.repeat):  # alternate, so slow drifts of the machine hit both sides
             runs["ours"].append(_child("ours", tmp, a.tokens, a.threads, sys.executable))
@@ -155,7 +188,7 @@ def main() -> None:
     med = {s: {k: statistics.median(r[k] for r in rs) for k in ("pp", "tg")} for s, rs in runs.items()}
     ours, ll = runs["ours"][0]["tokens"], runs["llamacpp"][0]["tokens"]
     agree = next((i for i, (x, y) in enumerate(zip(ours, ll)) if x != y), min(len(ours), len(ll)))
-    print(f"Llama, Qwen2.5-0.5B shape, random weights, BF16; {a.threads} threads; 64-token prompt, "
+    print(f"{what}; {a.threads} threads; 64-token prompt, "
           f"{a.tokens} greedy tokens; median of {a.repeat}")
     print(f"{'':10} {'prompt tok/s':>13} {'greedy tok/s':>13}")
     for s in ("ours", "llamacpp"):

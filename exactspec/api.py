@@ -13,6 +13,7 @@ from .config import ModelConfig, load_config
 from .decode import DraftLength, Stats, decode
 from .drafters import DraftModelDrafter, Drafter, LookupDrafter
 from .errors import CheckpointError, InvalidArgumentError, UnsupportedModelError
+from .gguf_file import GGUFFile
 from .model import DTYPES, Transformer, load_transformer
 from .sampling import SamplingParams
 from .tokenizer import StreamDecoder, Tokenizer
@@ -140,15 +141,23 @@ def load(path: str | Path, dtype: str = "float32", max_context: int | None = Non
     """Load a HF checkpoint folder. dtype: weights kept as "float32" or "bfloat16" (math in float32).
     max_context: longest sequence (prompt + new tokens) served; default min(config, 8192)."""
     folder = Path(path)
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder}: not a directory (expected a Hugging Face checkpoint folder)")
+    gguf = folder.is_file() and folder.suffix == ".gguf"
+    if not folder.is_dir() and not gguf:
+        raise CheckpointError(f"{folder}: not a directory or a .gguf file (expected a Hugging Face checkpoint "
+                              "folder or a GGUF file)")
     if dtype not in DTYPES:
         raise UnsupportedModelError(f"dtype={dtype!r} is not supported (float32, bfloat16)")
-    cfg = load_config(folder)
+    if gguf:
+        store = GGUFFile(folder)
+        cfg = store.config_cache
+    else:
+        cfg = load_config(folder)
     if max_context is None:
         max_context = min(cfg.max_position_embeddings, 8192)
     if not isinstance(max_context, int) or max_context < 2:
         raise InvalidArgumentError(f"max_context={max_context!r}: must be an integer >= 2")
+    if gguf:  # weights dequantized to `dtype`; prompts as token ids (no GGUF tokenizer yet)
+        return Model(folder, cfg, Transformer(cfg, store, dtype, max_context), None, cfg.eos_token_ids)
     net = load_transformer(folder, cfg, dtype, max_context)
     tok = Tokenizer(folder) if (folder / "tokenizer.json").is_file() else None
     return Model(folder, cfg, net, tok, _eos_ids(folder, cfg))

@@ -1,0 +1,135 @@
+"""GGUF files (llama.cpp's format), read with ggml-org's `gguf` package: the config from the
+metadata, tensors served by their Hugging Face names (the `TensorStore` interface), dequantized by
+`gguf.quants.dequantize` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, ...), with llama.cpp's
+q/k row permutation undone for the llama architecture (its converter interleaves the rotary
+halves; our rope, like transformers', rotates halves).
+
+Knows nothing of tokenizers yet: a GGUF model takes prompts as token ids.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import ModelConfig
+from .errors import CheckpointError, UnsupportedModelError, WeightError
+
+ARCHS = ("llama", "qwen2", "qwen3")
+
+_LAYER = {  # HF name inside model.layers.{i}. -> GGUF name inside blk.{i}.
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight"}
+
+
+def gguf_name(hf: str) -> str | None:
+    if hf in _TOP:
+        return _TOP[hf]
+    parts = hf.split(".", 3)  # model, layers, i, rest
+    if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in _LAYER:
+        return f"blk.{parts[2]}.{_LAYER[parts[3]]}"
+    return None
+
+
+def _reader(path: Path):
+    import gguf
+    try:
+        return gguf.GGUFReader(str(path))
+    except (ValueError, OSError, IndexError, KeyError) as e:  # gguf raises ValueError on a bad magic/version
+        raise CheckpointError(f"{path}: not a readable GGUF file ({e})") from None
+
+
+class GGUFFile:
+    """One .gguf file: `config()` and the `TensorStore` interface (`has`, `get`)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.reader = _reader(path)
+        self.fields = {k: f for k, f in self.reader.fields.items()}
+        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.arch = self._field("general.architecture")
+        if self.arch not in ARCHS:
+            raise UnsupportedModelError(f"{path}: GGUF architecture {self.arch!r} is not supported "
+                                        f"(supported: {', '.join(ARCHS)})")
+
+    def _field(self, key: str, default=None, required: bool = True):
+        f = self.fields.get(key)
+        if f is None:
+            if required and default is None:
+                raise CheckpointError(f"{self.path}: metadata field {key!r} is missing")
+            return default
+        return f.contents()
+
+    def config(self) -> ModelConfig:
+        a = self.arch
+        g = lambda k, d=None: self._field(f"{a}.{k}", d)  # noqa: E731
+        if "rope_freqs.weight" in self.tensors or self._field(f"{a}.rope.scaling.type", "none") not in ("none", ""):
+            raise UnsupportedModelError(f"{self.path}: rope scaling (rope_freqs / {a}.rope.scaling.*) is not supported "
+                                        "for GGUF files yet")
+        n_heads = int(g("attention.head_count"))
+        hidden = int(g("embedding_length"))
+        tokens = self._field("tokenizer.ggml.tokens", required=False)
+        vocab = int(self._field(f"{a}.vocab_size", required=False) or (len(tokens) if tokens else 0))
+        if not vocab:
+            vocab = int(self.tensors["token_embd.weight"].shape[1]) if "token_embd.weight" in self.tensors else 0
+        eos = self._field("tokenizer.ggml.eos_token_id", required=False)
+        return ModelConfig(
+            arch=a, vocab_size=vocab, hidden_size=hidden, intermediate_size=int(g("feed_forward_length")),
+            n_layers=int(g("block_count")), n_heads=n_heads,
+            n_kv_heads=int(self._field(f"{a}.attention.head_count_kv", n_heads)),
+            head_dim=int(self._field(f"{a}.attention.key_length", hidden // n_heads)),
+            rms_norm_eps=float(g("attention.layer_norm_rms_epsilon")),
+            max_position_embeddings=int(g("context_length")),
+            rope_theta=float(self._field(f"{a}.rope.freq_base", 10000.0)), rope_scaling=None,
+            tie_word_embeddings="output.weight" not in self.tensors,
+            qkv_bias="blk.0.attn_q.bias" in self.tensors, o_bias="blk.0.attn_output.bias" in self.tensors,
+            mlp_bias="blk.0.ffn_up.bias" in self.tensors, qk_norm="blk.0.attn_q_norm.weight" in self.tensors,
+            sliding_window=None, eos_token_ids=() if eos is None else (int(eos),),
+            bos_token_id=self._field("tokenizer.ggml.bos_token_id", required=False))
+
+    # -- the TensorStore interface --------------------------------------------------------------
+    def has(self, name: str) -> bool:
+        g = gguf_name(name)
+        return g is not None and g in self.tensors
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        import gguf
+        g = gguf_name(name)
+        t = self.tensors.get(g) if g else None
+        if t is None:
+            raise WeightError(f"{self.path}: tensor {g or name!r} ({name}) is missing from the GGUF file")
+        logical = tuple(int(d) for d in reversed(t.shape.tolist()))  # ggml lists the fastest dimension first
+        if logical != tuple(shape):
+            raise WeightError(f"{self.path}: tensor {g!r} has shape {logical}, the metadata implies {tuple(shape)}")
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError:
+            raise WeightError(f"{self.path}: tensor {g!r} has type {t.tensor_type.name}, which the gguf package "
+                              "cannot dequantize") from None
+        w = torch.from_numpy(np.array(w, dtype=np.float32).reshape(shape))  # a copy: the file stays read-only
+        if self.arch == "llama" and g.endswith(("attn_q.weight", "attn_k.weight")):
+            c = self.config_cache
+            w = _unpermute(w, c.n_heads if g.endswith("attn_q.weight") else c.n_kv_heads)
+        return w.to(dtype)
+
+    @property
+    def config_cache(self) -> ModelConfig:
+        if not hasattr(self, "_cfg"):
+            self._cfg = self.config()
+        return self._cfg
+
+
+def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's converter: per head, rows (pairs of rotary halves interleaved) back to halves."""
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

@@ -1,0 +1,124 @@
+"""GGUF files: a tiny model written with gguf.GGUFWriter (float32, BF16, Q8_0) loads through
+exactspec.load and computes what the same weights compute from a HF folder / transformers."""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+import exactspec
+from exactspec.errors import CheckpointError, UnsupportedModelError, WeightError
+from models import random_model
+
+
+def _permute(w: torch.Tensor, heads: int) -> torch.Tensor:  # as llama.cpp's converter stores llama q/k rows
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", skip=()):
+    c = model.config
+    sd = {k: v.float() for k, v in model.state_dict().items()}
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_vocab_size(c.vocab_size)
+    w.add_eos_token_id(1)
+
+    def put(name, t):
+        if name in skip:
+            return
+        a = t.numpy()
+        if a.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(name, np.ascontiguousarray(a, np.float32))
+        elif qtype == gguf.GGMLQuantizationType.BF16:
+            bits = t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+            w.add_tensor(name, bits, raw_dtype=qtype)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+
+    put("token_embd.weight", sd["model.embed_tokens.weight"])
+    put("output_norm.weight", sd["model.norm.weight"])
+    if not c.tie_word_embeddings:
+        put("output.weight", sd["lm_head.weight"])
+    for i in range(c.num_hidden_layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        q, k = sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"]
+        if arch == "llama":
+            q, k = _permute(q, c.num_attention_heads), _permute(k, c.num_key_value_heads)
+        for name, t in (("attn_norm.weight", sd[p + "input_layernorm.weight"]), ("attn_q.weight", q),
+                        ("attn_k.weight", k), ("attn_v.weight", sd[p + "self_attn.v_proj.weight"]),
+                        ("attn_output.weight", sd[p + "self_attn.o_proj.weight"]),
+                        ("ffn_norm.weight", sd[p + "post_attention_layernorm.weight"]),
+                        ("ffn_gate.weight", sd[p + "mlp.gate_proj.weight"]),
+                        ("ffn_up.weight", sd[p + "mlp.up_proj.weight"]),
+                        ("ffn_down.weight", sd[p + "mlp.down_proj.weight"])):
+            put(b + name, t)
+        for hf, g in (("q_proj.bias", "attn_q.bias"), ("k_proj.bias", "attn_k.bias"), ("v_proj.bias", "attn_v.bias")):
+            if p + "self_attn." + hf in sd:
+                put(b + g, sd[p + "self_attn." + hf])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _ids(n=40):
+    return torch.randint(2, 320, (n,), generator=torch.Generator().manual_seed(7)).tolist()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_float32_gguf_equals_the_hf_folder_bitwise(ckpt, arch, tmp_path):
+    """The same float32 weights from a GGUF file (llama: q/k rows permuted as llama.cpp stores them)
+    and from the HF folder: bitwise the same logits, close to transformers."""
+    folder = ckpt(arch)
+    hf = random_model(arch)  # the same seed and init as the folder
+    path = write_gguf(hf, tmp_path / "m.gguf", arch=arch)
+    a, b = exactspec.load(path), exactspec.load(folder)
+    assert a.cfg.tie_word_embeddings == b.cfg.tie_word_embeddings and a.cfg.qkv_bias == b.cfg.qkv_bias
+    ids = _ids()
+    assert torch.equal(a.logits(ids), b.logits(ids))
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0]
+    assert (a.logits(ids) - want).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.BF16, gguf.GGMLQuantizationType.Q8_0])
+def test_quantized_gguf_is_dequantized_by_the_gguf_package(tmp_path, qtype):
+    hf = random_model("llama", hidden=64)
+    path = write_gguf(hf, tmp_path / "m.gguf", qtype)
+    m = exactspec.load(path, dtype="bfloat16")
+    f = exactspec.gguf_file.GGUFFile(path)
+    t = f.tensors["blk.0.ffn_up.weight"]
+    want = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type)).to(torch.bfloat16).float()
+    assert torch.equal(m.net.layers[0].w_up.unpack(), want)
+    ids = _ids()
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    assert (m.logits(ids) - ref).abs().max() < 0.1 * ref.abs().max()  # quantization error, not a layout bug
+    g = m.generate(ids, 24, ignore_eos=True)
+    assert m.generate(ids, 24, ignore_eos=True, draft="lookup", num_draft_tokens=3).token_ids == g.token_ids
+
+
+def test_bad_gguf_files_are_named_errors(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOTAGGUF" + bytes(100))
+    with pytest.raises(CheckpointError, match="bad.gguf: not a readable GGUF file"):
+        exactspec.load(bad)
+    hf = random_model("llama", hidden=64)
+    with pytest.raises(WeightError, match=r"'blk\.1\.ffn_up\.weight' \(model\.layers\.1\.mlp\.up_proj\.weight\) is missing"):
+        exactspec.load(write_gguf(hf, tmp_path / "missing.gguf", skip=("blk.1.ffn_up.weight",)))
+    w = gguf.GGUFWriter(str(tmp_path / "gpt2.gguf"), "gpt2")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedModelError, match="GGUF architecture 'gpt2'"):
+        exactspec.load(tmp_path / "gpt2.gguf")
