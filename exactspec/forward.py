@@ -1,6 +1,6 @@
 """The whole transformer forward as one compiled call (numba), on stacked per-layer weights.
 
-Contract: `Stack.forward(...)` returns bitwise the logits of `Transformer.forward_ref` (the readable
+Contract: `forward(...)` returns bitwise the logits of `Transformer.forward_ref` (the readable
 forward in model.py, one kernel call per step): every step here is the same helper from
 kernels.py / tile.py with the same operands in the same order; fusing only removes the calls,
 the torch<->numpy glue and the allocations between them. Two fusions change where, not how, a value
@@ -24,6 +24,7 @@ from numba.extending import overload
 from . import kernels as K
 from . import tile
 from .kernels import MR_MAX, NL, PackedWeight
+
 
 @njit(inline="always")
 def _gate_up_block(x, w, bias, act, c, half):

@@ -4,6 +4,10 @@ A forward call takes any set of rows (token, slot, position) from any sequences:
 decode token, k+1 verify tokens, or all of these from many sequences at once. Every row is
 computed by batch-invariant kernels (kernels.py), so the logits of a row are a function of its
 sequence's tokens up to its position and the weights, nothing else.
+
+`forward` runs the whole model as one compiled call (forward.py) on the stacked weights;
+`forward_ref` is its readable twin, one kernel call per step, and gives the same bits.
+Weights come from a HF folder (weights.TensorStore) or a GGUF file (gguf_file.GGUFFile).
 """
 from __future__ import annotations
 
