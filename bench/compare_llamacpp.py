@@ -45,7 +45,7 @@ def from_gguf(src: Path, folder: Path) -> dict:
     import torch
     from exactspec.gguf_file import GGUFFile, gguf_name
     store = GGUFFile(src)
-    c = store.config_cache
+    c = store.cfg
     if c.arch != "llama":
         raise SystemExit(f"{src}: only llama GGUF files are converted here (got {c.arch})")
     shape = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,

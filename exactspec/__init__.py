@@ -9,13 +9,13 @@ _os.environ.setdefault("NUMBA_DISABLE_INTEL_SVML", "1")
 def _numba_cache_dir() -> str:
     # numba's on-disk cache is keyed by the source file of each jitted function only: a change in a
     # module it calls (the IR tile in tile.py, a kernel helper) would not invalidate it, and a stale
-    # kernel would run. Key the cache folder by the content of every compiled module instead.
+    # kernel would run. Key the cache folder by the content of every module of the package instead.
     import hashlib
     here = _os.path.dirname(__file__)
     h = hashlib.sha256()
-    for name in ("tile.py", "kernels.py", "forward.py", "sampling.py"):
+    for name in sorted(n for n in _os.listdir(here) if n.endswith(".py")):
         with open(_os.path.join(here, name), "rb") as f:
-            h.update(f.read())
+            h.update(name.encode() + f.read())
     base = _os.environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache")
     return _os.path.join(base, "exactspec", "numba", h.hexdigest()[:16])
 

@@ -149,7 +149,7 @@ def load(path: str | Path, dtype: str = "float32", max_context: int | None = Non
         raise UnsupportedModelError(f"dtype={dtype!r} is not supported (float32, bfloat16)")
     if gguf:
         store = GGUFFile(folder)
-        cfg = store.config_cache
+        cfg = store.cfg
     else:
         cfg = load_config(folder)
     if max_context is None:

@@ -7,9 +7,10 @@ whether rounding noise can explain it.
 At the first position p where the sequences differ (run A chose token a, run B token b), the
 common prefix's next-token logits are recomputed in several ways that round differently in a
 batch-variant model: the whole prefix in one forward, the last token alone on a cache, every
-token one at a time (plain decoding: the cached keys were computed by 1-row calls too), and the position as every row o of a c-row call on a cache (c = 2..8: a verify
-chunk of drafts, wherever in the chunk the position fell). The spread of those logits is the measured
-run-to-run noise. `compare` also has each run's own logits at p (transformers' output_logits).
+token one at a time (plain decoding: the cached keys were computed by 1-row calls too), and the
+position as every row o of a c-row call on a cache (c = 2..8: a verify chunk of drafts, wherever in
+the chunk the position fell). The spread of those logits is the measured run-to-run noise.
+`compare` also has each run's own logits at p (transformers' output_logits).
 
 Verdict "numerical near-tie": the a-vs-b gap, and the difference between the two runs' logits,
 are within that noise (noise bound = NOISE_FACTOR x the largest measured difference). Otherwise

@@ -17,6 +17,7 @@ from .config import ModelConfig
 from .errors import CheckpointError, UnsupportedModelError, WeightError
 
 ARCHS = ("llama", "qwen2", "qwen3")
+_REQUIRED = object()  # _field's default: a missing field is an error
 
 _LAYER = {  # HF name inside model.layers.{i}. -> GGUF name inside blk.{i}.
     "input_layernorm.weight": "attn_norm.weight",
@@ -51,39 +52,39 @@ def _reader(path: Path):
 
 
 class GGUFFile:
-    """One .gguf file: `config()` and the `TensorStore` interface (`has`, `get`)."""
+    """One .gguf file: its config (`cfg`) and the `TensorStore` interface (`has`, `get`)."""
 
     def __init__(self, path: Path):
         self.path = path
         self.reader = _reader(path)
-        self.fields = {k: f for k, f in self.reader.fields.items()}
         self.tensors = {t.name: t for t in self.reader.tensors}
         self.arch = self._field("general.architecture")
         if self.arch not in ARCHS:
             raise UnsupportedModelError(f"{path}: GGUF architecture {self.arch!r} is not supported "
                                         f"(supported: {', '.join(ARCHS)})")
+        self.cfg = self._config()
 
-    def _field(self, key: str, default=None, required: bool = True):
-        f = self.fields.get(key)
+    def _field(self, key: str, default=_REQUIRED):
+        f = self.reader.fields.get(key)
         if f is None:
-            if required and default is None:
+            if default is _REQUIRED:
                 raise CheckpointError(f"{self.path}: metadata field {key!r} is missing")
             return default
         return f.contents()
 
-    def config(self) -> ModelConfig:
+    def _config(self) -> ModelConfig:
         a = self.arch
-        g = lambda k, d=None: self._field(f"{a}.{k}", d)  # noqa: E731
+        g = lambda k: self._field(f"{a}.{k}")  # noqa: E731
         if "rope_freqs.weight" in self.tensors or self._field(f"{a}.rope.scaling.type", "none") not in ("none", ""):
             raise UnsupportedModelError(f"{self.path}: rope scaling (rope_freqs / {a}.rope.scaling.*) is not supported "
                                         "for GGUF files yet")
         n_heads = int(g("attention.head_count"))
         hidden = int(g("embedding_length"))
-        tokens = self._field("tokenizer.ggml.tokens", required=False)
-        vocab = int(self._field(f"{a}.vocab_size", required=False) or (len(tokens) if tokens else 0))
+        tokens = self._field("tokenizer.ggml.tokens", None)
+        vocab = int(self._field(f"{a}.vocab_size", None) or (len(tokens) if tokens else 0))
         if not vocab:
             vocab = int(self.tensors["token_embd.weight"].shape[1]) if "token_embd.weight" in self.tensors else 0
-        eos = self._field("tokenizer.ggml.eos_token_id", required=False)
+        eos = self._field("tokenizer.ggml.eos_token_id", None)
         return ModelConfig(
             arch=a, vocab_size=vocab, hidden_size=hidden, intermediate_size=int(g("feed_forward_length")),
             n_layers=int(g("block_count")), n_heads=n_heads,
@@ -96,7 +97,7 @@ class GGUFFile:
             qkv_bias="blk.0.attn_q.bias" in self.tensors, o_bias="blk.0.attn_output.bias" in self.tensors,
             mlp_bias="blk.0.ffn_up.bias" in self.tensors, qk_norm="blk.0.attn_q_norm.weight" in self.tensors,
             sliding_window=None, eos_token_ids=() if eos is None else (int(eos),),
-            bos_token_id=self._field("tokenizer.ggml.bos_token_id", required=False))
+            bos_token_id=self._field("tokenizer.ggml.bos_token_id", None))
 
     # -- the TensorStore interface --------------------------------------------------------------
     def has(self, name: str) -> bool:
@@ -119,15 +120,8 @@ class GGUFFile:
                               "cannot dequantize") from None
         w = torch.from_numpy(np.array(w, dtype=np.float32).reshape(shape))  # a copy: the file stays read-only
         if self.arch == "llama" and g.endswith(("attn_q.weight", "attn_k.weight")):
-            c = self.config_cache
-            w = _unpermute(w, c.n_heads if g.endswith("attn_q.weight") else c.n_kv_heads)
+            w = _unpermute(w, self.cfg.n_heads if g.endswith("attn_q.weight") else self.cfg.n_kv_heads)
         return w.to(dtype)
-
-    @property
-    def config_cache(self) -> ModelConfig:
-        if not hasattr(self, "_cfg"):
-            self._cfg = self.config()
-        return self._cfg
 
 
 def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:

@@ -2,8 +2,8 @@
 
 Contract: `tile(mr)(x, m0, w, b, t)` computes, for rows m0 .. m0+mr-1 of x (M, K) float32 and the
 NL = 32 output lanes of packed weight block b of w (nblk, K, NL) (float32, or uint16 holding
-bfloat16 bits; each block's (K, NL) contiguous, the blocks at any stride), t[r, j] = fma(x[m0+r, K-1], w[b, K-1, j], ... fma(x[m0+r, 0], w[b, 0, j], +0.0)):
-each output is one chain of fused multiply-adds over k = 0, 1, ..., K-1, nothing else.
+bfloat16 bits; each block's (K, NL) contiguous, the blocks at any stride),
+t[r, j] = fma(x[m0+r, K-1], w[b, K-1, j], ... fma(x[m0+r, 0], w[b, 0, j], +0.0)): each output is one chain of fused multiply-adds over k = 0, 1, ..., K-1, nothing else.
 
 Why this is exact on any x86-64 CPU, for any tile shape:
 * `llvm.fma` is one correctly rounded IEEE operation: the same bits whether the CPU has an FMA
