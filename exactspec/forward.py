@@ -7,14 +7,14 @@ the torch<->numpy glue and the allocations between them. Two fusions change wher
 is computed:
 * o-proj and down-proj add the residual in their store (x + (chain + bias), as `x + linear(a)`);
 * gate/up blocks are interleaved (gate block c, then up block c) so one task has both halves of
-  intermediate columns c*NL .. c*NL+NL-1 and stores silu(g) * u with `silu_mul`'s expression.
+  intermediate columns c*NL .. c*NL+NL-1 and stores silu(g) * u with `silu_mul`'s expression
+  (`kernels._linear_block`, mode SWIGLU).
 Threads (prange) split output blocks of each linear and (row, head) pairs of attention, never one
 reduction, so the result does not depend on the thread count; the serial build (small calls)
 compiles the same source.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,33 +22,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from . import kernels as K
-from . import tile
-from .kernels import MR_MAX, NL, PackedWeight
-
-
-@njit(inline="always")
-def _gate_up_block(x, w, bias, act, c, half):
-    # Intermediate columns c*NL ..: gate = block 2c, up = block 2c+1; act = silu(gate) * up.
-    M = x.shape[0]
-    n0 = c * NL
-    nb = min(NL, act.shape[1] - n0)
-    g = np.empty((MR_MAX, NL), np.float32)
-    u = np.empty((MR_MAX, NL), np.float32)
-    ntiles = (M + MR_MAX - 1) // MR_MAX
-    m0 = 0
-    for i in range(ntiles):
-        mr = K._tile_height(M, m0, i, ntiles)
-        tile.run_tile(mr, x, m0, w, 2 * c, g)
-        tile.run_tile(mr, x, m0, w, 2 * c + 1, u)
-        for m in range(mr):
-            for j in range(nb):
-                gv = g[m, j]
-                uv = u[m, j]
-                if bias.shape[0] > 0:
-                    gv = gv + bias[n0 + j]
-                    uv = uv + bias[half + n0 + j]
-                act[m0 + m, n0 + j] = gv / (np.float32(1.0) + np.float32(math.exp(-gv))) * uv
-        m0 += mr
+from .kernels import PackedWeight
 
 
 def _embed(table, tokens, x):
@@ -100,7 +74,7 @@ def _forward(tokens, embed, slot, pos, out_rows, attn_norm, wqkv, bqkv, q_norm, 
             K._linear_block(a, wo[i], bo[i], x, b, K.ADD)
         K._rmsnorm(x, mlp_norm[i], eps, h)
         for c in prange(wgu.shape[1] // 2):
-            _gate_up_block(h, wgu[i], bgu[i], act, c, I)
+            K._linear_block(h, wgu[i], bgu[i], act, c, K.SWIGLU)
         for b in prange(wdown.shape[1]):
             K._linear_block(act, wdown[i], bdown[i], x, b, K.ADD)
     n = out_rows.shape[0]

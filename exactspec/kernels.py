@@ -93,7 +93,10 @@ def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeig
     return PackedWeight(data, n, k, b)
 
 
-STORE, ADD = 0, 1  # _linear_block writes y = x @ w.T + bias, or adds it to y (a residual)
+# _linear_block's epilogues: y = x @ w.T + bias; y += that (a residual); or, on interleaved gate/up
+# blocks (gate block c at 2c, up block c at 2c + 1, bias (2I,) gate then up), y = silu(gate) * up
+# with silu_mul's expression.
+STORE, ADD, SWIGLU = 0, 1, 2
 
 
 @njit(inline="always")
@@ -104,23 +107,34 @@ def _tile_height(M, m0, i, ntiles):
 
 @njit(inline="always")
 def _linear_block(x, w, bias, y, b, mode):
-    # Output block b (NL columns) for every row of x, in tiles of at most MR_MAX rows: each weight
-    # vector is read once per tile, the rows' chains never mix. mode ADD: y += chain + bias.
+    # Output block b (NL columns of y) for every row of x, in tiles of at most MR_MAX rows: each
+    # weight vector is read once per tile, the rows' chains never mix.
     M = x.shape[0]
     n0 = b * NL
     nb = min(NL, y.shape[1] - n0)
-    t = np.empty((MR_MAX, NL), np.float32)
+    buf = np.empty((2, MR_MAX, NL), np.float32)
+    t = buf[0]
+    u = buf[1]  # SWIGLU: the up half
     ntiles = (M + MR_MAX - 1) // MR_MAX
     m0 = 0
     for i in range(ntiles):
         mr = _tile_height(M, m0, i, ntiles)
-        tile.run_tile(mr, x, m0, w, b, t)
+        if mode == SWIGLU:
+            tile.run_tile(mr, x, m0, w, 2 * b, t)
+            tile.run_tile(mr, x, m0, w, 2 * b + 1, u)
+        else:
+            tile.run_tile(mr, x, m0, w, b, t)
         for m in range(mr):
             for j in range(nb):
                 v = t[m, j]
                 if bias.shape[0] > 0:
                     v = v + bias[n0 + j]
-                if mode == ADD:
+                if mode == SWIGLU:
+                    uv = u[m, j]
+                    if bias.shape[0] > 0:
+                        uv = uv + bias[y.shape[1] + n0 + j]
+                    y[m0 + m, n0 + j] = v / (np.float32(1.0) + np.float32(math.exp(-v))) * uv
+                elif mode == ADD:
                     y[m0 + m, n0 + j] = y[m0 + m, n0 + j] + v
                 else:
                     y[m0 + m, n0 + j] = v
