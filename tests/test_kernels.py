@@ -255,3 +255,19 @@ def test_linear_tiles_of_every_height_give_the_same_row(dtype):
     for M in range(2, x.shape[0] + 1):
         assert torch.equal(K.linear(x[:M], p), alone[:M]), M
     assert torch.equal(alone, K.linear_ref(x, w, b))
+
+
+def test_serial_builds_have_their_own_disk_cache_entries(tmp_path):
+    """numba keys its disk cache by function name, line and signature, not by `parallel`: a serial
+    build compiled from the same py_func under the same name loaded the threaded build's machine
+    code (or the reverse). Each build must leave its own index file."""
+    import os
+    import subprocess
+    import sys
+    code = ("import numpy as np, torch; from exactspec import kernels as K; "
+            "p = K.pack_weight(torch.randn(64, 16)); K.linear(torch.randn(1, 16), p); "  # serial
+            "q = K.pack_weight(torch.randn(4096, 256)); K.linear(torch.randn(4, 256), q)")  # parallel
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
+    index = sorted(p.name.split("-")[0] for p in tmp_path.rglob("*.nbi") if "_linear" in p.name)
+    assert index == ["kernels._linear", "kernels._linear_serial"], index
