@@ -16,6 +16,7 @@ from .errors import CheckpointError, InvalidArgumentError, UnsupportedModelError
 from .gguf_file import GGUFFile
 from .model import DTYPES, Transformer, load_transformer
 from .sampling import SamplingParams
+from .sources import resolve
 from .tokenizer import StreamDecoder, Tokenizer
 
 
@@ -40,7 +41,8 @@ class Model:
     def encode(self, prompt: str | Seq[int]) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise CheckpointError(f"{self.folder}: no tokenizer.json, so prompts must be lists of token ids")
+                raise CheckpointError(f"{self.folder}: no tokenizer (tokenizer.json, or tokenizer.ggml.* in a GGUF), so "
+                                      "prompts must be lists of token ids")
             return self.tokenizer.encode(prompt)
         try:
             ids = [int(t) for t in prompt]
@@ -138,9 +140,11 @@ def _eos_ids(folder: Path, cfg: ModelConfig) -> tuple[int, ...]:
 
 
 def load(path: str | Path, dtype: str = "float32", max_context: int | None = None) -> Model:
-    """Load a HF checkpoint folder. dtype: weights kept as "float32" or "bfloat16" (math in float32).
-    max_context: longest sequence (prompt + new tokens) served; default min(config, 8192)."""
-    folder = Path(path)
+    """Load a model: a HF checkpoint folder, a .gguf file, or a Hugging Face Hub id (`org/name`,
+    resolved through the local hub cache; HF_HUB_OFFLINE=1 keeps it offline). dtype: weights kept
+    as "float32" or "bfloat16" (math in float32). max_context: longest sequence (prompt + new
+    tokens) served; default min(config, 8192)."""
+    folder = resolve(path)
     gguf = folder.is_file() and folder.suffix == ".gguf"
     if not folder.is_dir() and not gguf:
         raise CheckpointError(f"{folder}: not a directory or a .gguf file (expected a Hugging Face checkpoint "
@@ -156,8 +160,8 @@ def load(path: str | Path, dtype: str = "float32", max_context: int | None = Non
         max_context = min(cfg.max_position_embeddings, 8192)
     if not isinstance(max_context, int) or max_context < 2:
         raise InvalidArgumentError(f"max_context={max_context!r}: must be an integer >= 2")
-    if gguf:  # weights dequantized to `dtype`; prompts as token ids (no GGUF tokenizer yet)
-        return Model(folder, cfg, Transformer(cfg, store, dtype, max_context), None, cfg.eos_token_ids)
+    if gguf:  # weights dequantized to `dtype`
+        return Model(folder, cfg, Transformer(cfg, store, dtype, max_context), store.tokenizer(), cfg.eos_token_ids)
     net = load_transformer(folder, cfg, dtype, max_context)
-    tok = Tokenizer(folder) if (folder / "tokenizer.json").is_file() else None
+    tok = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
     return Model(folder, cfg, net, tok, _eos_ids(folder, cfg))

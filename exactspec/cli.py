@@ -22,11 +22,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="exactspec", description="Exact speculative decoding on the CPU.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="complete a prompt (streams text as it is produced)")
-    g.add_argument("--model", required=True, help="HF checkpoint folder (config.json, *.safetensors, tokenizer.json)")
+    g.add_argument("--model", required=True, help="model: HF checkpoint folder, .gguf file, or hub id (org/name)")
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    g.add_argument("--draft", default=None, help="draft checkpoint folder, or 'lookup' for prompt lookup")
+    g.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), or 'lookup' for prompt lookup")
     g.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16"], help="default: --dtype")
     g.add_argument("--num-draft-tokens", type=_draft_len, default=4, help="k, or 'dynamic'")
     g.add_argument("--temperature", type=float, default=0.0)
@@ -39,10 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=int, default=None, help="kernel threads (output does not depend on it)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     v = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
-    v.add_argument("--model", required=True)
+    v.add_argument("--model", required=True, help="model: HF checkpoint folder, .gguf file, or hub id (org/name)")
     v.add_argument("--name", default=None, help="model id clients use (default: the folder name)")
     v.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    v.add_argument("--draft", default=None, help="draft checkpoint folder, or 'lookup'")
+    v.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), or 'lookup'")
     v.add_argument("--num-draft-tokens", type=_draft_len, default=4)
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8000)
@@ -58,20 +58,20 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--repetition-penalty", type=float, default=1.2,
                    help="greedy picks with this penalty (1.0 = pure argmax; the tiny demo model loops without it)")
     s = sub.add_parser("distill", help="train a small draft model for a target on a folder of text/code")
-    s.add_argument("--target", required=True, help="target HF checkpoint folder (with tokenizer.json)")
-    s.add_argument("--corpus", required=True, help="folder of .py/.txt/.md files")
+    s.add_argument("--target", required=True, help="target: HF folder, .gguf file or hub id (with a tokenizer)")
+    s.add_argument("--corpus", required=True, nargs="+", help="folders of .py/.txt/.md files")
     s.add_argument("--out", required=True)
     s.add_argument("--minutes", type=float, default=20.0)
     s.add_argument("--hidden", type=int, default=192)
     s.add_argument("--layers", type=int, default=2)
     f = sub.add_parser("diff", help="why two greedy outputs of a transformers model differ (JSON report)")
-    f.add_argument("--model", required=True, help="HF checkpoint folder")
+    f.add_argument("--model", required=True, help="model: HF checkpoint folder, .gguf file, or hub id (org/name)")
     f.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     f.add_argument("--prompt", default=None, help="prompt text (needs tokenizer.json)")
     f.add_argument("--prompt-ids", default=None, help="prompt token ids, comma-separated")
     f.add_argument("--a", default="greedy", help="setting of run A: greedy, assisted[:K], lookup[:N]")
     f.add_argument("--b", default=None, help="setting of run B (default: assisted with --draft, else lookup:4)")
-    f.add_argument("--draft", default=None, help="assistant checkpoint folder for 'assisted'")
+    f.add_argument("--draft", default=None, help="assistant model (folder, .gguf, hub id) for 'assisted'")
     f.add_argument("--max-new-tokens", type=int, default=256)
     f.add_argument("--tokens-a", default=None, help="instead of running: run A's ids (prompt + output)")
     f.add_argument("--tokens-b", default=None, help="instead of running: run B's ids (prompt + output)")
@@ -86,9 +86,9 @@ def cmd_diff(a: argparse.Namespace) -> int:
 
     from . import diff
     from .errors import InvalidArgumentError
-    from .tokenizer import Tokenizer
+    from .sources import load_tokenizer
     model = diff.load_hf(a.model, a.dtype)
-    tok = Tokenizer(Path(a.model)) if (Path(a.model) / "tokenizer.json").is_file() else None
+    tok = load_tokenizer(a.model)
     ctx = contextlib.nullcontext()
     if a.patch:
         from . import hf
@@ -104,7 +104,7 @@ def cmd_diff(a: argparse.Namespace) -> int:
                 raise InvalidArgumentError("give exactly one of --prompt and --prompt-ids (or --tokens-a/--tokens-b)")
             if a.prompt is not None:
                 if tok is None:
-                    raise InvalidArgumentError(f"--prompt: {a.model} has no tokenizer.json; use --prompt-ids")
+                    raise InvalidArgumentError(f"--prompt: {a.model} has no tokenizer; use --prompt-ids")
                 ids = tok.encode(a.prompt)
             else:
                 ids = diff.parse_ids(a.prompt_ids, "--prompt-ids")
@@ -138,7 +138,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         draft = load(a.draft, dtype=a.dtype, max_context=model.net.max_context)
         drafter = model.make_drafter(draft)
     print(f"exactspec: serving {a.model} on http://{a.host}:{a.port}/v1", file=sys.stderr, flush=True)
-    serve(model, a.name or Path(a.model).resolve().name, a.host, a.port, drafter, a.num_draft_tokens,
+    serve(model, a.name or Path(a.model).name.removesuffix(".gguf"), a.host, a.port, drafter, a.num_draft_tokens,
           a.max_batch, a.max_queue)
     return 0
 
@@ -158,7 +158,7 @@ def cmd_distill(a: argparse.Namespace) -> int:
         from .train import distill
     except ImportError as e:
         raise ExactSpecError(f"distill needs the training extra: pip install 'exactspec[hf]' ({e})") from None
-    stats = distill(Path(a.target), Path(a.corpus), Path(a.out), a.minutes, a.hidden, a.layers)
+    stats = distill(a.target, [Path(c) for c in a.corpus], Path(a.out), a.minutes, a.hidden, a.layers)
     print(json.dumps(stats, indent=2))
     return 0
 

@@ -209,23 +209,25 @@ def compare(model, prompt_ids: Sequence[int] | torch.Tensor, settings_a: dict, s
 # ---------------------------------------------------------------------------------------------
 
 def load_hf(path: str, dtype: str = "float32"):
-    """A transformers causal LM from a local checkpoint folder (never the network)."""
-    from pathlib import Path
-
+    """A transformers causal LM from a local checkpoint folder, a .gguf file (transformers' own
+    GGUF loading) or a cached hub id (never the network unless the hub cache lacks it)."""
     from .errors import CheckpointError
-    folder = Path(path)
-    if not (folder / "config.json").is_file():
-        raise CheckpointError(f"{folder}: no config.json (expected a Hugging Face checkpoint folder)")
+    from .sources import is_gguf, resolve
+    folder = resolve(path)
+    gguf = is_gguf(folder)
+    if not gguf and not (folder / "config.json").is_file():
+        raise CheckpointError(f"{folder}: no config.json (expected a Hugging Face checkpoint folder or a .gguf file)")
     try:
         import transformers
     except ImportError:
         raise CheckpointError("exactspec diff runs transformers' generate(): pip install 'exactspec[hf]'") from None
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+    where, kw = (folder.parent, {"gguf_file": folder.name}) if gguf else (folder, {})
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype),
-                                                                  local_files_only=True)
-    except (OSError, ValueError) as e:
+        model = transformers.AutoModelForCausalLM.from_pretrained(where, dtype=getattr(torch, dtype),
+                                                                  local_files_only=True, **kw)
+    except (OSError, ValueError, ImportError) as e:
         raise CheckpointError(f"{folder}: transformers cannot load it ({e})") from None
     return model.eval()
 

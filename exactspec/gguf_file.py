@@ -4,7 +4,8 @@ metadata, tensors served by their Hugging Face names (the `TensorStore` interfac
 q/k row permutation undone for the llama architecture (its converter interleaves the rotary
 halves; our rope, like transformers', rotates halves).
 
-Knows nothing of tokenizers yet: a GGUF model takes prompts as token ids.
+The tokenizer comes from the `tokenizer.ggml.*` metadata (`gguf_tokenizer.py`), the chat
+template from `tokenizer.chat_template`.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 
 from .config import ModelConfig
 from .errors import CheckpointError, UnsupportedModelError, WeightError
+from .tokenizer import Tokenizer
 
 ARCHS = ("llama", "qwen2", "qwen3")
 _REQUIRED = object()  # _field's default: a missing field is an error
@@ -98,6 +100,12 @@ class GGUFFile:
             mlp_bias="blk.0.ffn_up.bias" in self.tensors, qk_norm="blk.0.attn_q_norm.weight" in self.tensors,
             sliding_window=None, eos_token_ids=() if eos is None else (int(eos),),
             bos_token_id=self._field("tokenizer.ggml.bos_token_id", None))
+
+    def tokenizer(self) -> Tokenizer | None:
+        """The file's tokenizer, or None when its metadata has none (prompts are then token ids)."""
+        if "tokenizer.ggml.tokens" not in self.reader.fields:
+            return None
+        return Tokenizer.from_gguf(self._field, self.path)
 
     # -- the TensorStore interface --------------------------------------------------------------
     def has(self, name: str) -> bool:

@@ -10,21 +10,34 @@ from .errors import CheckpointError
 
 
 class Tokenizer:
-    def __init__(self, folder: Path):
+    """A `tokenizers.Tokenizer` plus the tokenizer_config facts we use (bos/eos tokens, the chat
+    template). From a HF folder (`from_folder`) or a GGUF file's metadata (`from_gguf`)."""
+
+    def __init__(self, tok: _HFTokenizer, config: dict, source: str):
+        self.tok, self.config, self.source = tok, config, source
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> "Tokenizer":
         path = folder / "tokenizer.json"
         if not path.is_file():
             raise CheckpointError(f"{path}: tokenizer.json not found (needed for text prompts; pass token ids instead)")
         try:
-            self.tok = _HFTokenizer.from_file(str(path))
+            tok = _HFTokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception on malformed files
             raise CheckpointError(f"{path}: cannot load tokenizer ({e})") from None
-        cfg_path = folder / "tokenizer_config.json"
-        self.config: dict = {}
-        if cfg_path.is_file():
-            try:
-                self.config = json.loads(cfg_path.read_text())
-            except json.JSONDecodeError as e:
-                raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from None
+        config = _json(folder / "tokenizer_config.json") or {}
+        # transformers >= 4.43 may write the template beside it; the separate file wins, as there
+        if isinstance(t := (_json(folder / "chat_template.json") or {}).get("chat_template"), str):
+            config["chat_template"] = t
+        if (folder / "chat_template.jinja").is_file():
+            config["chat_template"] = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+        return cls(tok, config, str(folder))
+
+    @classmethod
+    def from_gguf(cls, field, path: Path) -> "Tokenizer":
+        from .gguf_tokenizer import build
+        tok, config = build(field, str(path))
+        return cls(tok, config, str(path))
 
     @property
     def vocab_size(self) -> int:
@@ -35,6 +48,18 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
+
+
+def _json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        v = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(v, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(v).__name__}")
+    return v
 
 
 class StreamDecoder:

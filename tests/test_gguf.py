@@ -16,7 +16,25 @@ def _permute(w: torch.Tensor, heads: int) -> torch.Tensor:  # as llama.cpp's con
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", skip=()):
+def add_tokenizer(w: gguf.GGUFWriter, folder) -> None:
+    """The test folder's byte-level BPE tokenizer.json as `tokenizer.ggml.*` metadata, as llama.cpp's
+    converter writes it (tokens by id, control types for the added tokens, merges, chat template)."""
+    import json
+    j = json.loads((folder / "tokenizer.json").read_text())
+    vocab = {**j["model"]["vocab"], **{t["content"]: t["id"] for t in j["added_tokens"]}}
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    special = {t["content"] for t in j["added_tokens"] if t["special"]}
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in special else 1 for t in tokens])
+    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in j["model"]["merges"]])
+    w.add_bos_token_id(vocab["<s>"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(json.loads((folder / "tokenizer_config.json").read_text())["chat_template"])
+
+
+def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", skip=(), tokenizer_folder=None):
     c = model.config
     sd = {k: v.float() for k, v in model.state_dict().items()}
     w = gguf.GGUFWriter(str(path), arch)
@@ -30,6 +48,8 @@ def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", s
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     w.add_vocab_size(c.vocab_size)
     w.add_eos_token_id(1)
+    if tokenizer_folder is not None:
+        add_tokenizer(w, tokenizer_folder)
 
     def put(name, t):
         if name in skip:

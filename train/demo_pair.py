@@ -48,7 +48,9 @@ def main() -> None:
     print(f"target: {sum(p.numel() for p in target.parameters()) / 1e6:.1f} M parameters")
     stats = T.train(target, data, val, T.TrainSpec(minutes=a.target_minutes, lr=2e-3), desc="target")
     print("target:", json.dumps(stats))
-    T.save(target, tdir, tdir, eos, {**stats, "corpus": "Python standard library Lib/**/*.py"})
+    from exactspec.tokenizer import Tokenizer as ExactTokenizer
+    T.save(target, tdir, ExactTokenizer.from_folder(tdir), eos,
+           {**stats, "corpus": "Python standard library Lib/**/*.py"})
     dstats = T.distill(tdir, Path(a.corpus), ddir, minutes=a.draft_minutes, hidden=192, layers=2, suffixes=(".py",))
     print("draft:", json.dumps(dstats))
 
