@@ -50,13 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
     v.add_argument("--max-context", type=int, default=None)
     v.add_argument("--threads", type=int, default=None)
-    d = sub.add_parser("demo", help="the shipped demo pair: plain vs speculative decoding, identity checked")
-    d.add_argument("--max-new-tokens", type=int, default=128)
+    d = sub.add_parser("demo", help="SmolLM2-135M-Instruct (fetched once): plain vs speculative decoding, "
+                                    "identity checked")
+    d.add_argument("--max-new-tokens", type=int, default=None, help="default: 160 (SmolLM2), 128 (toy pair)")
     d.add_argument("--num-draft-tokens", type=_draft_len, default="dynamic")
     d.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    d.add_argument("--folder", default=None, help="folder with target/ and draft/ (default: the bundled demo)")
-    d.add_argument("--repetition-penalty", type=float, default=1.2,
-                   help="greedy picks with this penalty (1.0 = pure argmax; the tiny demo model loops without it)")
+    d.add_argument("--toy", action="store_true", help="the bundled toy pair instead of SmolLM2")
+    d.add_argument("--offline", action="store_true", help="never download (SmolLM2 only if already cached)")
+    d.add_argument("--folder", default=None, help="a toy pair folder with target/ and draft/")
+    d.add_argument("--repetition-penalty", type=float, default=None,
+                   help="greedy picks with this penalty (default 1.0 = pure argmax; 1.2 for the toy pair, "
+                        "which loops without it)")
     s = sub.add_parser("distill", help="train a small draft model for a target on a folder of text/code")
     s.add_argument("--target", required=True, help="target: HF folder, .gguf file or hub id (with a tokenizer)")
     s.add_argument("--corpus", required=True, nargs="+", help="folders of .py/.txt/.md files")
@@ -148,7 +152,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
     from .demo import run
     rows = run(Path(a.folder) if a.folder else None, a.max_new_tokens, a.num_draft_tokens, a.dtype,
-               a.repetition_penalty)
+               a.repetition_penalty, toy=a.toy, download=not a.offline)
     return 0 if all(r["identical"] for r in rows) else 1
 
 

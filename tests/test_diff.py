@@ -132,7 +132,7 @@ def test_cli_prints_a_json_report(ckpt, capsys):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--model", "/nonexistent"], "no config.json"),
+    (["--model", "/nonexistent"], "/nonexistent: no such file or directory"),
     (["--prompt-ids", "1,2", "--b", "beam:4"], "expected greedy, assisted, assisted:K or lookup:N"),
     (["--prompt-ids", "1,x"], "--prompt-ids: expected comma-separated token ids"),
     ([], "give exactly one of --prompt and --prompt-ids"),

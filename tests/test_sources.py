@@ -142,3 +142,11 @@ def test_smollm2_speculative_is_identical(smollm2):
     for k in (1, 4, "dynamic"):
         assert [r.token_ids for r in m.generate_batch(prompts, 48, draft="lookup", num_draft_tokens=k)] == plain
     assert m.generate(prompts[0], 48, draft="lookup").token_ids == plain[0]  # alone == in a batch
+
+
+def test_cli_diff_takes_a_gguf_file(gguf_and_folder, capsys):
+    from exactspec.cli import main
+    path, _ = gguf_and_folder
+    assert main(["diff", "--model", str(path), "--prompt", "def f(x):", "--max-new-tokens", "8"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "diverged" in report and isinstance(report["text_a"], str)
