@@ -50,7 +50,7 @@ def _reader(path: Path):
     try:
         return gguf.GGUFReader(str(path))
     except (ValueError, OSError, IndexError, KeyError) as e:  # gguf raises ValueError on a bad magic/version
-        raise CheckpointError(f"{path}: not a readable GGUF file ({e})") from None
+        raise CheckpointError(f"{path}: not a readable GGUF file (wrong magic, truncated or corrupt: {e})") from None
 
 
 class GGUFFile:

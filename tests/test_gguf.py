@@ -133,6 +133,11 @@ def test_bad_gguf_files_are_named_errors(tmp_path):
     with pytest.raises(CheckpointError, match="bad.gguf: not a readable GGUF file"):
         exactspec.load(bad)
     hf = random_model("llama", hidden=64)
+    whole = write_gguf(hf, tmp_path / "whole.gguf").read_bytes()
+    for n in (40, len(whole) // 2, len(whole) - 64):  # header, tensor data, the last tensor cut short
+        (tmp_path / "cut.gguf").write_bytes(whole[:n])
+        with pytest.raises(CheckpointError, match="cut.gguf: not a readable GGUF file"):
+            exactspec.load(tmp_path / "cut.gguf")
     with pytest.raises(WeightError, match=r"'blk\.1\.ffn_up\.weight' \(model\.layers\.1\.mlp\.up_proj\.weight\) is missing"):
         exactspec.load(write_gguf(hf, tmp_path / "missing.gguf", skip=("blk.1.ffn_up.weight",)))
     w = gguf.GGUFWriter(str(tmp_path / "gpt2.gguf"), "gpt2")

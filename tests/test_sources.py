@@ -142,6 +142,13 @@ def test_smollm2_speculative_is_identical(smollm2):
     for k in (1, 4, "dynamic"):
         assert [r.token_ids for r in m.generate_batch(prompts, 48, draft="lookup", num_draft_tokens=k)] == plain
     assert m.generate(prompts[0], 48, draft="lookup").token_ids == plain[0]  # alone == in a batch
+    from exactspec.demo import demo_folder
+    draft = exactspec.load(demo_folder() / "smollm2-draft", dtype="bfloat16")  # the shipped distilled draft
+    from safetensors.torch import load_file
+    assert 5e6 <= sum(v.numel() for v in load_file(demo_folder() / "smollm2-draft" / "model.safetensors").values()) <= 15e6
+    for k in (3, "dynamic"):
+        got = m.generate_batch(prompts, 48, draft=draft, num_draft_tokens=k)
+        assert [r.token_ids for r in got] == plain and sum(r.stats.accepted for r in got) > 0
 
 
 def test_cli_diff_takes_a_gguf_file(gguf_and_folder, capsys):
