@@ -110,7 +110,7 @@ def test_float32_gguf_equals_the_hf_folder_bitwise(ckpt, arch, tmp_path):
     assert (a.logits(ids) - want).abs().max() < 1e-4
 
 
-@pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.BF16, gguf.GGMLQuantizationType.Q8_0])
+@pytest.mark.parametrize("qtype", [getattr(gguf.GGMLQuantizationType, q) for q in ("F16", "BF16", "Q8_0", "Q5_0", "Q4_1", "Q4_0")])
 def test_quantized_gguf_is_dequantized_by_the_gguf_package(tmp_path, qtype):
     hf = random_model("llama", hidden=64)
     path = write_gguf(hf, tmp_path / "m.gguf", qtype)
@@ -122,7 +122,8 @@ def test_quantized_gguf_is_dequantized_by_the_gguf_package(tmp_path, qtype):
     ids = _ids()
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
-    assert (m.logits(ids) - ref).abs().max() < 0.1 * ref.abs().max()  # quantization error, not a layout bug
+    bound = 0.25 if qtype.name.startswith("Q4") else 0.1  # 4-bit rounding on random weights: ~0.15 of the max
+    assert (m.logits(ids) - ref).abs().max() < bound * ref.abs().max()  # quantization error, not a layout bug
     g = m.generate(ids, 24, ignore_eos=True)
     assert m.generate(ids, 24, ignore_eos=True, draft="lookup", num_draft_tokens=3).token_ids == g.token_ids
 
