@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,7 +76,7 @@ class Model:
                        draft: "None | str | Model" = None, num_draft_tokens: int | str = 4,
                        draft_confidence: float = 0.0, lookup_max_ngram: int = 3,
                        temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-                       repetition_penalty: float = 1.0, seed: int | Seq[int] = 0,
+                       repetition_penalty: float = 1.0, seed: int | None | Seq[int | None] = 0,
                        on_text: Callable[[int, str], None] | None = None) -> list[GenerationResult]:
         """Decode a batch of prompts. `draft`: None (plain), "lookup" (prompt lookup) or another
         Model sharing the tokenizer. The token ids never depend on draft, num_draft_tokens or
@@ -86,6 +87,8 @@ class Model:
         seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * len(ids)
         if len(seeds) != len(ids):
             raise InvalidArgumentError(f"seed: {len(seeds)} seeds for {len(ids)} prompts")
+        # seed=None: greedy ignores it; sampling draws a fresh one, reported in stats.seed for replay
+        seeds = [(0 if not temperature else secrets.randbits(63)) if s is None else s for s in seeds]
         params = [SamplingParams(float(temperature), top_k, float(top_p), float(min_p), float(repetition_penalty), s)
                   for s in seeds]
         drafter = self.make_drafter(draft, draft_confidence, lookup_max_ngram)
@@ -102,6 +105,9 @@ class Model:
             for i, st in enumerate(streams):
                 if piece := st.flush():
                     on_text(i, piece)
+        if temperature:
+            for s, sd in zip(seqs, seeds):
+                s.stats.seed = sd
         return [GenerationResult(s.generated, self.decode(s.generated), s.finish_reason, s.stats) for s in seqs]
 
     def make_drafter(self, draft, confidence: float = 0.0, max_ngram: int = 3) -> Drafter | None:

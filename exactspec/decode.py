@@ -31,6 +31,7 @@ class Stats:
     steps: int = 0  # verify steps (target forwards after prefill)
     prefill_time: float = 0.0
     wall_time: float = 0.0
+    seed: int | None = None  # the sampling seed used (temperature > 0), so a run with seed=None can be replayed
     proposed_at: list[int] = field(default_factory=list)  # [i]: steps that proposed a draft token at offset i
     accepted_at: list[int] = field(default_factory=list)  # [i]: ... and had it accepted
 

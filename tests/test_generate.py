@@ -93,3 +93,14 @@ def test_greedy_repetition_penalty_fast_path_equals_filtered_logits():
         rp = rnd.choice([1.1, 1.2, 1.3, 2.0, 0.9])
         want = int(torch.argmax(S.filtered_logits(z, S.SamplingParams(1.0, repetition_penalty=rp), hist)))
         assert S.pick(z, S.SamplingParams(0.0, repetition_penalty=rp), 0, hist) == want, trial
+
+
+def test_seed_none_greedy_ignores_it_and_sampling_reports_a_fresh_one(ckpt):
+    m = exactspec.load(ckpt("llama"))
+    greedy = m.generate("def f(x):", 12, ignore_eos=True)
+    assert m.generate("def f(x):", 12, ignore_eos=True, seed=None).token_ids == greedy.token_ids
+    a = m.generate("def f(x):", 24, ignore_eos=True, temperature=1.0, seed=None)
+    b = m.generate("def f(x):", 24, ignore_eos=True, temperature=1.0, seed=None)
+    assert isinstance(a.stats.seed, int) and a.stats.seed != b.stats.seed
+    replay = m.generate("def f(x):", 24, ignore_eos=True, temperature=1.0, seed=a.stats.seed, draft="lookup")
+    assert replay.token_ids == a.token_ids and replay.stats.seed == a.stats.seed
