@@ -17,7 +17,7 @@ from .errors import CheckpointError, InvalidArgumentError, UnsupportedModelError
 from .gguf_file import GGUFFile
 from .model import DTYPES, Transformer, load_transformer
 from .sampling import SamplingParams
-from .sources import resolve
+from .sources import is_gguf, resolve
 from .tokenizer import StreamDecoder, Tokenizer
 
 
@@ -151,7 +151,7 @@ def load(path: str | Path, dtype: str = "float32", max_context: int | None = Non
     as "float32" or "bfloat16" (math in float32). max_context: longest sequence (prompt + new
     tokens) served; default min(config, 8192)."""
     folder = resolve(path)
-    gguf = folder.is_file() and folder.suffix == ".gguf"
+    gguf = is_gguf(folder)
     if not folder.is_dir() and not gguf:
         raise CheckpointError(f"{folder}: not a directory or a .gguf file (expected a Hugging Face checkpoint "
                               "folder or a GGUF file)")

@@ -67,15 +67,14 @@ def build(field: Field, where: str) -> tuple[Tokenizer, dict]:
             raise CheckpointError(f"{where}: tokenizer.ggml.{k}_token_id={i} is outside the vocabulary "
                                   f"({len(tokens)} tokens)")
     if kind == "gpt2":
-        tok, spelled = _byte_level(field, tokens, merges, where)
+        tok = _byte_level(field, tokens, merges, where)
         add_bos = bool(field("tokenizer.ggml.add_bos_token", False))
     elif kind == "llama":
         tok = _sentencepiece(field, tokens, merges, special_id["unknown"])
-        spelled = None
         add_bos = bool(field("tokenizer.ggml.add_bos_token", True))
     else:
         raise UnsupportedModelError(f"{where}: tokenizer.ggml.model={kind!r} is not supported (gpt2, llama)")
-    alphabet = set(_bytes_to_unicode().values()) if spelled else None
+    alphabet = set(_bytes_to_unicode().values()) if kind == "gpt2" else None  # byte-level: tokens are spelled in it
     special = [AddedToken(t, normalized=False, special=True) for t, ty in zip(tokens, types)
                if (ty == CONTROL or (ty == UNKNOWN and kind == "llama")) and (alphabet is None or set(t) <= alphabet)]
     user = [AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED]
@@ -92,7 +91,7 @@ def build(field: Field, where: str) -> tuple[Tokenizer, dict]:
     return tok, config
 
 
-def _byte_level(field: Field, tokens: list[str], merges, where: str) -> tuple[Tokenizer, bool]:
+def _byte_level(field: Field, tokens: list[str], merges, where: str) -> Tokenizer:
     pre = field("tokenizer.ggml.pre", "default")
     if pre not in SPLITS:
         raise UnsupportedModelError(f"{where}: tokenizer.ggml.pre={pre!r} (the text-splitting rule of this "
@@ -113,7 +112,7 @@ def _byte_level(field: Field, tokens: list[str], merges, where: str) -> tuple[To
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
                                                      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    return tok, True
+    return tok
 
 
 def _sentencepiece(field: Field, tokens: list[str], merges, unk_id) -> Tokenizer:

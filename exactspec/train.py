@@ -69,11 +69,8 @@ def train_tokenizer(texts: list[str], vocab_size: int, out: Path) -> None:
         indent=2))
 
 
-def tokenize(texts: list[str], tokenizer_json: Path, tok=None, eos_text: str = EOS) -> np.ndarray:
-    """All texts, each followed by EOS, as one uint16 array (`tok`: a tokenizers.Tokenizer to use
-    instead of the file)."""
-    from tokenizers import Tokenizer
-    tok = tok or Tokenizer.from_file(str(tokenizer_json))
+def tokenize(texts: list[str], tok, eos_text: str = EOS) -> np.ndarray:
+    """All texts, each followed by EOS, as one uint16 array. tok: a tokenizers.Tokenizer."""
     eos = tok.token_to_id(eos_text)
     ids: list[int] = []
     for enc in tok.encode_batch(texts):
@@ -204,8 +201,8 @@ def distill(target: str | Path, corpus: Path | list[Path], out: Path, minutes: f
     val_texts = read_texts([f for f in files if is_validation(f)]) or texts[:1]
     eos = teacher.eos_token_ids[0] if teacher.eos_token_ids else 0
     eos_text = teacher.tokenizer.tok.id_to_token(eos)
-    data = tokenize(texts, Path(), teacher.tokenizer.tok, eos_text)
-    val = tokenize(val_texts, Path(), teacher.tokenizer.tok, eos_text)
+    data = tokenize(texts, teacher.tokenizer.tok, eos_text)
+    val = tokenize(val_texts, teacher.tokenizer.tok, eos_text)
     tc = teacher.cfg
     heads = max(1, hidden // 64)
     student = llama(tc.vocab_size, hidden, layers, heads, 1 if heads == 1 else heads // 2 or 1, hidden * 3, eos,
