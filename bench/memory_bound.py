@@ -62,7 +62,7 @@ def main() -> None:
         prompt = list(range(100, 164))
         model.generate(prompt, 2, ignore_eos=True)
         r = model.generate(prompt, a.tokens, ignore_eos=True)
-        ours = (len(r.token_ids) - 1) / (r.stats.wall_time - r.stats.prefill_time)
+        ours = (len(r.token_ids) - 1) / (r.stats.wall_time - r.stats.time_to_first_token)
 
         import transformers as tf
         hf = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=tdt).eval()

@@ -23,10 +23,13 @@ def _numba_cache_dir() -> str:
 _os.environ.setdefault("NUMBA_CACHE_DIR", _numba_cache_dir())
 
 from .api import GenerationResult, Model, load  # noqa: E402
-from .decode import Stats  # noqa: E402
-from .errors import (CheckpointError, ContextLengthError, ExactSpecError, InvalidArgumentError,  # noqa: E402
-                     UnsupportedModelError, WeightError)
+from .errors import (CheckpointError, ContextLengthError, ExactSpecError, GenerationError,  # noqa: E402
+                     InvalidArgumentError, InvalidRequest, UnsupportedModelError, WeightError)
 from .kernels import set_num_threads  # noqa: E402
+from .loop import BatchStats, Stats  # noqa: E402
+from .request import Request, make_request  # noqa: E402
+from .sampling import SamplingParams  # noqa: E402
 
-__all__ = ["load", "Model", "GenerationResult", "Stats", "set_num_threads", "ExactSpecError", "CheckpointError",
-           "WeightError", "UnsupportedModelError", "ContextLengthError", "InvalidArgumentError"]
+__all__ = ["load", "Model", "GenerationResult", "Stats", "BatchStats", "Request", "make_request", "SamplingParams",
+           "set_num_threads", "ExactSpecError", "CheckpointError", "WeightError", "UnsupportedModelError",
+           "InvalidRequest", "ContextLengthError", "GenerationError", "InvalidArgumentError"]

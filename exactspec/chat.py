@@ -7,10 +7,10 @@ from functools import lru_cache
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import InvalidArgumentError
+from .errors import InvalidRequest
 
 
-class TemplateError(InvalidArgumentError):
+class TemplateError(InvalidRequest):
     pass
 
 

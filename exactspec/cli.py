@@ -89,7 +89,7 @@ def cmd_diff(a: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import diff
-    from .errors import InvalidArgumentError
+    from .errors import InvalidRequest
     from .sources import load_tokenizer
     model = diff.load_hf(a.model, a.dtype)
     tok = load_tokenizer(a.model)
@@ -100,15 +100,15 @@ def cmd_diff(a: argparse.Namespace) -> int:
     with ctx:
         if a.tokens_a is not None or a.tokens_b is not None:
             if a.tokens_a is None or a.tokens_b is None:
-                raise InvalidArgumentError("--tokens-a and --tokens-b go together")
+                raise InvalidRequest("--tokens-a and --tokens-b go together")
             report = diff.explain(model, diff.parse_ids(a.tokens_a, "--tokens-a"),
                                   diff.parse_ids(a.tokens_b, "--tokens-b"), a.prompt_len, tok)
         else:
             if (a.prompt is None) == (a.prompt_ids is None):
-                raise InvalidArgumentError("give exactly one of --prompt and --prompt-ids (or --tokens-a/--tokens-b)")
+                raise InvalidRequest("give exactly one of --prompt and --prompt-ids (or --tokens-a/--tokens-b)")
             if a.prompt is not None:
                 if tok is None:
-                    raise InvalidArgumentError(f"--prompt: {a.model} has no tokenizer; use --prompt-ids")
+                    raise InvalidRequest(f"--prompt: {a.model} has no tokenizer; use --prompt-ids")
                 ids = tok.encode(a.prompt)
             else:
                 ids = diff.parse_ids(a.prompt_ids, "--prompt-ids")
@@ -132,8 +132,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from .server import serve
     if a.threads is not None:
         set_num_threads(a.threads)
-    if a.max_batch < 1 or a.max_queue < 0:
-        raise ExactSpecError(f"--max-batch {a.max_batch} / --max-queue {a.max_queue}: need >= 1 / >= 0")
+    if a.max_batch < 1 or a.max_queue < 1:
+        raise ExactSpecError(f"--max-batch {a.max_batch} / --max-queue {a.max_queue}: each must be >= 1")
     model = load(a.model, dtype=a.dtype, max_context=a.max_context)
     drafter = None
     if a.draft == "lookup":
@@ -170,8 +170,6 @@ def cmd_distill(a: argparse.Namespace) -> int:
 def cmd_generate(a: argparse.Namespace) -> int:
     from . import load, set_num_threads
     if a.threads is not None:
-        if a.threads < 1:
-            raise ExactSpecError(f"--threads {a.threads}: must be >= 1")
         set_num_threads(a.threads)
     model = load(a.model, dtype=a.dtype)
     draft = a.draft
@@ -189,14 +187,14 @@ def cmd_generate(a: argparse.Namespace) -> int:
     s = r.stats
     if a.json:
         print(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
-                          "stats": s.as_dict()}))
+                          "stats": s.as_dict(), "batch": r.batch.as_dict()}))
         return 0
     sys.stdout.write("\n")
     line = (f"[{s.new_tokens} tokens, {s.tokens_per_second:.1f} tok/s, {s.forward_passes} target forwards, "
             f"finish: {r.finish_reason}")
     if draft is not None:
         line += (f"; draft: {s.proposed} proposed, {s.accepted} accepted ({100 * s.acceptance_rate:.1f}%), "
-                 f"{s.mean_accepted_length:.2f} tokens/step, {s.draft_forward_passes} draft forwards")
+                 f"{s.mean_accepted_length:.2f} tokens/step, {r.batch.draft_forward_passes} draft forwards")
     print(line + "]", file=sys.stderr)
     return 0
 

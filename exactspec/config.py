@@ -39,26 +39,59 @@ class ModelConfig:
     bos_token_id: int | None
 
 
-def _eos(value) -> tuple[int, ...]:
+_MISSING = object()
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from a checkpoint file, or CheckpointError naming the file."""
+    try:
+        v = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path}: not UTF-8 text ({e})") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(v, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(v).__name__}")
+    return v
+
+
+def token_ids(value, where: str) -> tuple[int, ...]:
+    """eos_token_id as configs write it: null, an id, or a flat list of ids."""
     if value is None:
         return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in items):
+        raise CheckpointError(f"{where}: expected a token id or a list of token ids, got {value!r}")
+    return tuple(items)
+
+
+def get_field(c: dict, path: Path, key: str, kind: type, default=_MISSING):
+    """c[key] as an int, float or bool (ints are floats too), or CheckpointError naming the field."""
+    v = c.get(key, _MISSING)
+    if v is _MISSING or (v is None and default is not _MISSING):
+        if default is _MISSING:
+            raise CheckpointError(f"{path}: missing field {key!r}")
+        return default
+    ok = {int: lambda x: isinstance(x, int) and not isinstance(x, bool),
+          float: lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
+          bool: lambda x: isinstance(x, bool)}[kind](v)
+    if not ok:
+        raise CheckpointError(f"{path}: field {key!r} must be {'an' if kind is int else 'a'} {kind.__name__}, "
+                              f"got {v!r}")
+    return kind(v)
 
 
 def load_config(folder: Path) -> ModelConfig:
     path = folder / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{path}: config.json not found (is {folder} a Hugging Face checkpoint folder?)")
-    try:
-        c = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    c = read_json(path)
     archs = c.get("architectures") or []
-    arch = next((SUPPORTED[a] for a in archs if a in SUPPORTED), None)
-    if arch is None:
-        arch = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}.get(c.get("model_type", ""))
+    if not isinstance(archs, list):
+        raise CheckpointError(f"{path}: field 'architectures' must be a list of names, got {archs!r}")
+    arch = next((SUPPORTED[a] for a in archs if isinstance(a, str) and a in SUPPORTED), None)
+    if arch is None and c.get("model_type") in SUPPORTED.values():
+        arch = c["model_type"]
     if arch is None:
         raise UnsupportedModelError(
             f"{path}: architecture {archs or c.get('model_type')!r} is not supported "
@@ -67,48 +100,55 @@ def load_config(folder: Path) -> ModelConfig:
     if act != "silu":
         raise UnsupportedModelError(f"{path}: hidden_act={act!r} is not supported (only 'silu')")
 
-    def need(key: str):
-        if key not in c:
-            raise CheckpointError(f"{path}: missing field {key!r}")
-        return c[key]
+    def num(key: str, kind: type = int, default=_MISSING, src: dict = c):
+        return get_field(src, path, key, kind, default)
 
-    hidden, n_heads = int(need("hidden_size")), int(need("num_attention_heads"))
-    rope = dict(c.get("rope_parameters") or {})  # transformers >= 5 layout
-    legacy = c.get("rope_scaling") or {}
-    rope_theta = float(rope.get("rope_theta", c.get("rope_theta", 10000.0)))
+    hidden, n_heads = num("hidden_size"), num("num_attention_heads")
+    rope, legacy = c.get("rope_parameters") or {}, c.get("rope_scaling") or {}  # transformers >= 5, < 5 layouts
+    for key, v in (("rope_parameters", rope), ("rope_scaling", legacy)):
+        if not isinstance(v, dict):
+            raise CheckpointError(f"{path}: field {key!r} must be an object, got {v!r}")
+    rope_theta = num("rope_theta", float, num("rope_theta", float, 10000.0), src=rope)
     rope_type = rope.get("rope_type") or legacy.get("rope_type") or legacy.get("type") or "default"
     scaling = None
     if rope_type == "llama3":
         src = rope if rope.get("rope_type") == "llama3" else legacy
         try:
-            scaling = {k: float(src[k]) for k in
+            scaling = {k: num(k, float, src=src) for k in
                        ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
-        except KeyError as e:
-            raise CheckpointError(f"{path}: llama3 rope scaling lacks {e.args[0]!r}") from None
+        except CheckpointError as e:
+            raise CheckpointError(f"llama3 rope scaling: {e}") from None
     elif rope_type != "default":
         raise UnsupportedModelError(f"{path}: rope type {rope_type!r} is not supported (default, llama3)")
     if arch in ("qwen2", "qwen3") and c.get("use_sliding_window"):
         raise UnsupportedModelError(f"{path}: use_sliding_window=true (per-layer windows) is not supported")
-    window = c.get("sliding_window") if arch == "mistral" else None
+    window = num("sliding_window", int, None) if arch == "mistral" else None
+    sizes = {k: num(k) for k in ("vocab_size", "intermediate_size", "num_hidden_layers")}
+    bad = next((k for k, v in {**sizes, "hidden_size": hidden, "num_attention_heads": n_heads}.items() if v < 1
+                and k != "num_hidden_layers"), None)
+    if bad:
+        raise CheckpointError(f"{path}: field {bad!r} must be >= 1")
+    attention_bias = num("attention_bias", bool, False)
+    bos = num("bos_token_id", int, None)
     return ModelConfig(
         arch=arch,
-        vocab_size=int(need("vocab_size")),
+        vocab_size=sizes["vocab_size"],
         hidden_size=hidden,
-        intermediate_size=int(need("intermediate_size")),
-        n_layers=int(need("num_hidden_layers")),
+        intermediate_size=sizes["intermediate_size"],
+        n_layers=sizes["num_hidden_layers"],
         n_heads=n_heads,
-        n_kv_heads=int(c.get("num_key_value_heads") or n_heads),
-        head_dim=int(c.get("head_dim") or hidden // n_heads),
-        rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
+        n_kv_heads=num("num_key_value_heads", int, n_heads),
+        head_dim=num("head_dim", int, hidden // n_heads),
+        rms_norm_eps=num("rms_norm_eps", float, 1e-6),
+        max_position_embeddings=num("max_position_embeddings", int, 2048),
         rope_theta=rope_theta,
         rope_scaling=scaling,
-        tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
-        qkv_bias=arch == "qwen2" or bool(c.get("attention_bias", False)),
-        o_bias=arch != "qwen2" and bool(c.get("attention_bias", False)),
-        mlp_bias=bool(c.get("mlp_bias", False)),
+        tie_word_embeddings=num("tie_word_embeddings", bool, False),
+        qkv_bias=arch == "qwen2" or attention_bias,
+        o_bias=arch != "qwen2" and attention_bias,
+        mlp_bias=num("mlp_bias", bool, False),
         qk_norm=arch == "qwen3",
-        sliding_window=int(window) if window else None,
-        eos_token_ids=_eos(c.get("eos_token_id")),
-        bos_token_id=c.get("bos_token_id"),
+        sliding_window=window or None,
+        eos_token_ids=token_ids(c.get("eos_token_id"), f"{path}: field 'eos_token_id'"),
+        bos_token_id=bos,
     )

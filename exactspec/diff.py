@@ -26,7 +26,7 @@ from typing import Sequence
 
 import torch
 
-from .errors import InvalidArgumentError
+from .errors import InvalidRequest
 
 NOISE_FACTOR = 4.0
 NEAR_TIE = "numerical near-tie"
@@ -103,7 +103,7 @@ def _token(tokenizer, t: int) -> dict:
 def _prepare(a: Sequence[int], b: Sequence[int], prompt_len: int) -> int | None:
     p = first_divergence(a, b)
     if p is not None and p < max(prompt_len, 1):
-        raise InvalidArgumentError(f"the sequences differ at position {p}, inside the prompt (length {prompt_len}): "
+        raise InvalidRequest(f"the sequences differ at position {p}, inside the prompt (length {prompt_len}): "
                                    "they are not two runs from the same prompt")
     return p
 
@@ -153,7 +153,7 @@ def explain(model, tokens_a: Sequence[int], tokens_b: Sequence[int], prompt_len:
 def _generate(model, prompt_ids: torch.Tensor, settings: dict, max_new_tokens: int):
     s = dict(settings)
     if s.get("do_sample"):
-        raise InvalidArgumentError("diff explains greedy runs: do_sample=True in a setting")
+        raise InvalidRequest("diff explains greedy runs: do_sample=True in a setting")
     s.update(do_sample=False, output_logits=True, return_dict_in_generate=True)
     s.setdefault("max_new_tokens", max_new_tokens)
     s.setdefault("pad_token_id", getattr(model.generation_config, "pad_token_id", None) or 0)
@@ -242,7 +242,7 @@ def parse_setting(text: str, draft=None) -> dict:
         return {}
     if name == "assisted":
         if draft is None:
-            raise InvalidArgumentError(f"setting {text!r} needs --draft (an assistant checkpoint folder)")
+            raise InvalidRequest(f"setting {text!r} needs --draft (an assistant checkpoint folder)")
         kw: dict = {"assistant_model": draft}
         if arg:
             kw["num_assistant_tokens"] = _positive(arg, text)
@@ -250,12 +250,12 @@ def parse_setting(text: str, draft=None) -> dict:
         return kw
     if name == "lookup":
         return {"prompt_lookup_num_tokens": _positive(arg or "4", text)}
-    raise InvalidArgumentError(f"setting {text!r}: expected greedy, assisted, assisted:K or lookup:N")
+    raise InvalidRequest(f"setting {text!r}: expected greedy, assisted, assisted:K or lookup:N")
 
 
 def _positive(arg: str, text: str) -> int:
     if not arg.isdigit() or int(arg) < 1:
-        raise InvalidArgumentError(f"setting {text!r}: {arg!r} is not a positive integer")
+        raise InvalidRequest(f"setting {text!r}: {arg!r} is not a positive integer")
     return int(arg)
 
 
@@ -263,7 +263,7 @@ def parse_ids(text: str, what: str) -> list[int]:
     try:
         ids = [int(t) for t in text.replace(",", " ").split()]
     except ValueError:
-        raise InvalidArgumentError(f"{what}: expected comma-separated token ids, got {text[:40]!r}") from None
+        raise InvalidRequest(f"{what}: expected comma-separated token ids, got {text[:40]!r}") from None
     if not ids:
-        raise InvalidArgumentError(f"{what}: no token ids")
+        raise InvalidRequest(f"{what}: no token ids")
     return ids

@@ -3,53 +3,46 @@
 Protocol (knows only token ids and slots):
   begin(n_slots, capacity)                 a new batch of sequences, one slot each
   propose(slots, seqs, ks, params) -> list of up to ks[i] draft tokens for seqs[i]
-  accepted(slot, n)                        n of the last proposal were accepted
   release(slot)                            the slot's sequence left; the slot may get a new one
-A drafter may return fewer tokens than asked (the lookup found nothing; low confidence).
+A drafter may return fewer tokens than asked (the lookup found nothing; low confidence; the
+sequence outgrew a draft model's context). What was accepted it learns from the next `seqs`.
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from . import kernels as K
-from .errors import InvalidArgumentError
-from .model import Transformer, int64s
+from .errors import InvalidRequest
+from .model import Rows, Transformer
 from .sampling import SamplingParams, pick
 
 
-class Drafter(Protocol):
-    forward_passes: int
+class Drafter:
+    """The base: keeps no per-slot state (begin and release do nothing); counts its forwards."""
+    forward_passes: int = 0
 
-    def begin(self, n_slots: int, capacity: int) -> None: ...
+    def begin(self, n_slots: int, capacity: int) -> None:
+        pass
 
     def propose(self, slots: list[int], seqs: list[list[int]], ks: list[int],
-                params: list[SamplingParams]) -> list[list[int]]: ...
+                params: list[SamplingParams]) -> list[list[int]]:
+        raise NotImplementedError
 
-    def accepted(self, slot: int, n: int) -> None: ...
+    def release(self, slot: int) -> None:
+        pass
 
-    def release(self, slot: int) -> None: ...
 
-
-class LookupDrafter:
+class LookupDrafter(Drafter):
     """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens
     (n = max_ngram down to min_ngram) and propose the tokens that followed it."""
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not (1 <= min_ngram <= max_ngram):
-            raise InvalidArgumentError(f"lookup n-gram sizes: need 1 <= min_ngram ({min_ngram}) <= max_ngram ({max_ngram})")
+            raise InvalidRequest(f"lookup n-gram sizes: need 1 <= min_ngram ({min_ngram}) <= max_ngram "
+                                 f"({max_ngram})", "lookup_max_ngram")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.forward_passes = 0
-
-    def begin(self, n_slots: int, capacity: int) -> None:
-        pass
-
-    def accepted(self, slot: int, n: int) -> None:
-        pass
-
-    def release(self, slot: int) -> None:
-        pass
 
     def propose(self, slots, seqs, ks, params) -> list[list[int]]:
         return [self.lookup(s, k) for s, k in zip(seqs, ks)]
@@ -70,16 +63,17 @@ class LookupDrafter:
         return []
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     """A smaller model with its own KV cache. Each proposal first feeds the tokens of the sequence
     that its cache lacks (rolling back to the longest common prefix), then drafts one token at a
     time with the same sampling rule as the target, so with the same seed it guesses the same
     Gumbel-coupled samples. `confidence` > 0 stops drafting once the draft's probability of its
-    own pick falls below it (like transformers' assistant_confidence_threshold)."""
+    own pick falls below it (like transformers' assistant_confidence_threshold). A sequence longer
+    than the draft's context gets fewer drafts, then none: the target goes on alone."""
 
     def __init__(self, model: Transformer, confidence: float = 0.0):
         if not (0.0 <= confidence < 1.0):
-            raise InvalidArgumentError(f"draft confidence={confidence!r}: must be in [0, 1)")
+            raise InvalidRequest(f"draft_confidence={confidence!r}: must be in [0, 1)", "draft_confidence")
         self.model, self.confidence = model, confidence
         self.forward_passes = 0
 
@@ -88,15 +82,14 @@ class DraftModelDrafter:
         self.cached: list[list[int]] = [[] for _ in range(n_slots)]  # token ids whose keys are in the cache
         self.known: list[int] = [0] * n_slots  # cached[:known] is a committed prefix (committed ids never change)
 
-    def accepted(self, slot: int, n: int) -> None:
-        pass  # rollback happens lazily in propose, by common prefix
-
     def release(self, slot: int) -> None:
         self.cached[slot].clear()
         self.known[slot] = 0
 
     def propose(self, slots, seqs, ks, params) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in seqs]
+        # the i-th draft token is fed at position len(seq) + i - 1: stay inside the draft's cache
+        ks = [min(k, self.cache.capacity - len(seq) + 1) for k, seq in zip(ks, seqs)]
         live = [i for i, k in enumerate(ks) if k > 0]
         feed: dict[int, list[int]] = {}
         for i in live:
@@ -108,16 +101,12 @@ class DraftModelDrafter:
             feed[i] = seq[n:]
             self.known[s] = len(seq)
         while live:
-            tok, slot, pos, last = [], [], [], []
+            rows = Rows()
             for i in live:
-                s, start = slots[i], len(self.cached[slots[i]])
-                ids = feed[i]
-                tok += ids
-                slot += [s] * len(ids)
-                pos += range(start, start + len(ids))
-                last.append(len(tok) - 1)
-                self.cached[s].extend(ids)
-            logits = self.model.forward(int64s(tok), int64s(slot), int64s(pos), self.cache, int64s(last))
+                c = self.cached[slots[i]]
+                rows.add(slots[i], feed[i], len(c))
+                c.extend(feed[i])
+            logits = rows.forward(self.model, self.cache)
             self.forward_passes += 1
             probs = K.softmax(logits) if self.confidence > 0 else None
             nxt = []

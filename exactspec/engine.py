@@ -1,8 +1,10 @@
-"""The serving engine: one thread owns a continuous `Batch`; requests queue up (bounded), join the
-batch when a slot frees, and receive their tokens through a callback as each step commits them.
+"""The serving engine: one thread owns a continuous `Batch` of the target `Transformer`; jobs
+queue up (bounded), join the batch when a slot frees, and receive their tokens through a
+callback as each step commits them.
 
-Contract: a request's tokens are exactly those of `Model.generate` with the same prompt and
-sampling parameters (batch invariance), whatever else is being decoded beside it.
+Contract: a job's tokens are exactly those of `Model.generate` with the same validated Request
+(batch invariance), whatever else is being decoded beside it. The engine checks no input: a
+Request is validated once, by request.make_request, before it is submitted.
 """
 from __future__ import annotations
 
@@ -12,10 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .api import Model
-from .decode import Batch, DraftLength, Sequence
 from .drafters import Drafter
-from .sampling import SamplingParams
+from .errors import GenerationError
+from .loop import Batch, SeqState, Stats
+from .model import Transformer
+from .request import Request
 
 
 class QueueFull(Exception):
@@ -23,51 +26,55 @@ class QueueFull(Exception):
 
 
 @dataclass
-class Request:
-    prompt: list[int]
-    params: SamplingParams
-    max_new: int
-    eos: frozenset[int]
-    on_event: Callable[[list[int], str | None], None]  # (new tokens, finish_reason or None); engine thread
+class Event:
+    """What the engine tells a job (on the engine thread): new tokens, and at the end its finish
+    reason ("stop" | "length" | "cancelled") with its stats, or the error that ended it."""
+    tokens: list[int]
+    finish_reason: str | None = None
+    stats: Stats | None = None
+    error: GenerationError | None = None
+
+
+@dataclass
+class Job:
+    req: Request
+    on_event: Callable[[Event], None]
     created: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
-    seq: Sequence | None = None
-    first_token_at: float | None = None
+    seq: SeqState | None = None
 
 
 @dataclass
 class EngineStats:  # what /metrics reports beside the server's own counters
-    cancelled: int = 0  # client went away, or a stop string ended it early
-    proposed: int = 0  # draft tokens, finished requests
+    cancelled: int = 0  # jobs ended early: client went away, or a stop string ended it
+    cancelled_tokens: int = 0  # tokens those had been given before they were cancelled
+    proposed: int = 0  # draft tokens, finished jobs
     accepted: int = 0
 
 
 class Engine:
-    def __init__(self, model: Model, drafter: Drafter | None, num_draft_tokens: int | str, max_batch: int = 8,
+    def __init__(self, target: Transformer, drafter: Drafter | None = None, max_batch: int = 8,
                  max_queue: int = 64):
-        self.model = model
-        self.batch = Batch(model.net, max_batch, model.net.max_context, drafter,
-                           DraftLength(num_draft_tokens if drafter is not None else 0))
+        self.batch = Batch(target, max_batch, target.max_context, drafter)
         self.max_queue = max_queue
-        self.queue: collections.deque[Request] = collections.deque()
-        self.active: list[Request] = []
+        self.queue: collections.deque[Job] = collections.deque()
+        self.active: list[Job] = []
         self.cv = threading.Condition()
         self.stats = EngineStats()
         self.stopped = False
         self.thread = threading.Thread(target=self._loop, name="exactspec-engine", daemon=True)
         self.thread.start()
 
-    def submit(self, req: Request) -> None:
-        self.batch.check_prompt(req.prompt)  # raises a clear error before the request queues
+    def submit(self, job: Job) -> None:
         with self.cv:
             if len(self.queue) >= self.max_queue:
                 raise QueueFull(f"request queue is full ({self.max_queue} waiting)")
-            self.queue.append(req)
+            self.queue.append(job)
             self.cv.notify()
 
-    def cancel(self, req: Request) -> None:
+    def cancel(self, job: Job) -> None:
         with self.cv:
-            req.cancelled = True
+            job.cancelled = True
             self.cv.notify()
 
     def stop(self) -> None:
@@ -84,29 +91,31 @@ class Engine:
     def running(self) -> int:
         return len(self.active)
 
-    def _finish(self, req: Request, reason: str | None) -> None:
-        if req in self.active:
-            self.active.remove(req)
-        s = req.seq
-        if s is not None:
-            self.stats.proposed += s.stats.proposed
-            self.stats.accepted += s.stats.accepted
-        self.stats.cancelled += reason == "cancelled"
-        if reason != "cancelled":
-            req.on_event([], reason)
+    # -- the engine thread ----------------------------------------------------------------------
+    def _finish(self, job: Job, reason: str, error: GenerationError | None = None) -> None:
+        if job in self.active:
+            self.active.remove(job)
+        st = job.seq.stats if job.seq is not None else None
+        if st is not None:
+            self.stats.proposed += st.proposed
+            self.stats.accepted += st.accepted
+        if reason == "cancelled":
+            self.stats.cancelled += 1
+            self.stats.cancelled_tokens += st.new_tokens if st is not None else 0
+        job.on_event(Event([], reason, st, error))
 
     def _admit(self) -> None:
-        """Under the lock: drop cancelled requests, move queued ones into free slots."""
-        for req in [r for r in self.queue if r.cancelled]:
-            self.queue.remove(req)
-            self._finish(req, "cancelled")
-        for req in [r for r in self.active if r.cancelled]:
-            self.batch.cancel(req.seq)
-            self._finish(req, "cancelled")
-        while self.queue and self.batch.free:
-            req = self.queue.popleft()
-            req.seq = self.batch.add(req.prompt, req.params, req.max_new, req.eos, tag=req)
-            self.active.append(req)
+        """Under the lock: drop cancelled jobs, move queued ones into free slots."""
+        for job in [j for j in self.queue if j.cancelled]:
+            self.queue.remove(job)
+            self._finish(job, "cancelled")
+        for job in [j for j in self.active if j.cancelled]:
+            self.batch.cancel(job.seq)
+            self._finish(job, "cancelled")
+        while self.queue and self.batch.has_room:
+            job = self.queue.popleft()
+            job.seq = self.batch.add(job.req, tag=job)
+            self.active.append(job)
 
     def _loop(self) -> None:
         while True:
@@ -119,19 +128,16 @@ class Engine:
             try:
                 events = self.batch.step()
             except Exception as e:  # never leave clients hanging on an engine failure
+                err = GenerationError(f"decoding failed: {type(e).__name__}: {e}")
                 with self.cv:
-                    for req in list(self.active):
-                        self.batch.cancel(req.seq)
-                        req.on_event([], f"error: {e}")
-                        self._finish(req, "cancelled")
+                    for job in list(self.active):
+                        self.batch.cancel(job.seq)
+                        self._finish(job, "error", err)
                 continue
-            now = time.perf_counter()
             with self.cv:
                 for s, new in events:
-                    req: Request = s.tag
-                    if req.first_token_at is None and new:
-                        req.first_token_at = now
-                    if new and not req.cancelled:
-                        req.on_event(new, None)
+                    job: Job = s.tag
+                    if new and not job.cancelled:
+                        job.on_event(Event(new))
                     if s.finish_reason is not None:
-                        self._finish(req, s.finish_reason)
+                        self._finish(job, s.finish_reason)

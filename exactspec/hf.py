@@ -33,7 +33,7 @@ unknown module type is an error), and is undone by deleting instance attributes.
 
 Covered: transformers >= 5.0, < 6; model types llama, mistral, qwen2, qwen3; rope types default,
 linear, llama3; float32 or bfloat16 parameters on CPU; inference only (under torch.no_grad()).
-Anything else raises UnsupportedModelError or InvalidArgumentError before anything is changed.
+Anything else raises UnsupportedModelError or InvalidRequest before anything is changed.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from . import kernels
-from .errors import InvalidArgumentError, UnsupportedModelError
+from .errors import InvalidRequest, UnsupportedModelError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -94,11 +94,11 @@ def _rows(x: torch.Tensor, name: str, dtype: torch.dtype | None = None) -> np.nd
     """(..., K) input -> (M, K) float32 C-contiguous array (bfloat16 widens exactly). `dtype`: the
     dtype the input must have (a linear's weight dtype, as torch requires)."""
     if dtype is not None and x.dtype != dtype:
-        raise InvalidArgumentError(f"{name}: input dtype {x.dtype} does not match weight dtype {dtype}")
+        raise InvalidRequest(f"{name}: input dtype {x.dtype} does not match weight dtype {dtype}")
     if not x.is_cpu:
-        raise InvalidArgumentError(f"{name}: input is on {x.device}; exactspec's kernels run on CPU only")
+        raise InvalidRequest(f"{name}: input is on {x.device}; exactspec's kernels run on CPU only")
     if x.requires_grad and torch.is_grad_enabled():
-        raise InvalidArgumentError(f"{name}: exactspec.hf is inference-only (no autograd through its kernels); "
+        raise InvalidRequest(f"{name}: exactspec.hf is inference-only (no autograd through its kernels); "
                                    "run the model under torch.no_grad() or torch.inference_mode()")
     r = x.reshape(-1, x.shape[-1])
     return (r.float() if r.dtype != torch.float32 else r.contiguous()).numpy()
@@ -225,7 +225,7 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     """The "exactspec" entry of transformers' AttentionInterface. query (B, Hq, T, D), key/value
     (B, Hkv, S, D), attention_mask (B, 1, T, S) bool from `_mask` -> ((B, T, Hq, D), None)."""
     if dropout:
-        raise InvalidArgumentError("exactspec attention: dropout > 0 (training mode?); call model.eval()")
+        raise InvalidRequest("exactspec attention: dropout > 0 (training mode?); call model.eval()")
     B, Hq, T, D = query.shape
     S = key.shape[2]
     mask = _mask_array(attention_mask, T, S)
@@ -247,7 +247,7 @@ def _mask_array(attention_mask: torch.Tensor | None, T: int, S: int) -> np.ndarr
     if last is attention_mask and version == attention_mask._version:
         return arr
     if attention_mask.dtype != torch.bool or attention_mask.shape[1] != 1 or attention_mask.shape[2:] != (T, S):
-        raise InvalidArgumentError(f"exactspec attention: expected a (B, 1, {T}, {S}) boolean mask, got "
+        raise InvalidRequest(f"exactspec attention: expected a (B, 1, {T}, {S}) boolean mask, got "
                                    f"{attention_mask.dtype} {tuple(attention_mask.shape)}")
     arr = attention_mask[:, 0].to(torch.uint8).contiguous().numpy()
     _last_mask = (attention_mask, attention_mask._version, arr)
@@ -289,7 +289,7 @@ def _check(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
                                     f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         if t.device.type != "cpu":
-            raise InvalidArgumentError(f"exactspec.hf: {name} is on {t.device}; exactspec's batch-invariant kernels "
+            raise InvalidRequest(f"exactspec.hf: {name} is on {t.device}; exactspec's batch-invariant kernels "
                                        "are CPU kernels. Move the model to CPU (model.to('cpu')) to patch it")
         if t.is_floating_point() and t.dtype not in (torch.float32, torch.bfloat16):
             raise UnsupportedModelError(f"exactspec.hf: {name} is {t.dtype}; float32 or bfloat16 supported")

@@ -36,6 +36,7 @@ import torch
 from numba import njit, prange
 
 from . import tile
+from .errors import InvalidRequest
 
 MR_MAX = tile.MR_MAX  # rows per register tile on this target (speed only, never the bits)
 NL = tile.NL  # output lanes per packed weight block
@@ -43,6 +44,10 @@ NL = tile.NL  # output lanes per packed weight block
 
 def set_num_threads(n: int) -> None:
     """Threads for our kernels and for torch's (elementwise) ops. Results do not depend on it."""
+    most = numba.config.NUMBA_NUM_THREADS
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= most:
+        raise InvalidRequest(f"threads={n!r}: must be an integer from 1 to {most} (numba's thread pool; "
+                             "NUMBA_NUM_THREADS raises it)", "threads")
     numba.set_num_threads(n)
     torch.set_num_threads(n)
 

@@ -12,7 +12,7 @@ Weights come from a HF folder (weights.TensorStore) or a GGUF file (gguf_file.GG
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -21,7 +21,8 @@ from . import forward as F
 from . import kernels as K
 from .cache import KVCache
 from .config import ModelConfig
-from .errors import ContextLengthError, InvalidArgumentError, UnsupportedModelError
+from .errors import UnsupportedModelError
+from .request import Limits
 from .weights import TensorStore
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -30,6 +31,30 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def int64s(xs) -> torch.Tensor:
     """A list of ints as an int64 tensor (4x cheaper than torch.tensor for the decode loop's short lists)."""
     return torch.from_numpy(np.array(xs, np.int64))
+
+
+class Rows:
+    """The rows of one forward, flattened: (token, slot, position) each, and the rows whose logits
+    are wanted. Any mix of prompts, decode tokens and verify chunks of many sequences."""
+
+    def __init__(self) -> None:
+        self.tok: list[int] = []
+        self.slot: list[int] = []
+        self.pos: list[int] = []
+        self.out: list[int] = []  # indexes into the rows above, in the order the logits come back
+
+    def add(self, slot: int, tokens: Sequence[int], start: int, all_logits: bool = False) -> None:
+        """`tokens` of the sequence in `slot` at positions start, start + 1, ...; the logits of the
+        last of them, or of every one (a verify chunk, scoring)."""
+        first = len(self.tok)
+        self.tok += tokens
+        self.slot += [slot] * len(tokens)
+        self.pos += range(start, start + len(tokens))
+        self.out += range(first, len(self.tok)) if all_logits else [len(self.tok) - 1]
+
+    def forward(self, net: "Transformer", cache: KVCache) -> torch.Tensor:
+        """(len(out), V) float32 logits; writes every row's keys and values into `cache`."""
+        return net.forward(int64s(self.tok), int64s(self.slot), int64s(self.pos), cache, int64s(self.out))
 
 
 def inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -113,20 +138,23 @@ class Transformer:
         self._embed_np = e.view(torch.int16).numpy().view(np.uint16) if e.dtype == torch.bfloat16 else e.numpy()
         self._cos_np, self._sin_np = self.cos.numpy(), self.sin.numpy()
 
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.cfg.vocab_size, self.max_context)
+
     def new_cache(self, n_slots: int, capacity: int) -> KVCache:
         c = self.cfg
         return KVCache(c.n_layers, n_slots, c.n_kv_heads, c.head_dim, min(capacity, self.max_context))
 
     def _check(self, tokens: np.ndarray, pos: np.ndarray, slot: np.ndarray, cache: KVCache) -> None:
-        # the kernels index raw memory: never let a bad token, position or slot reach them
-        if tokens.shape[0] and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size):
-            raise InvalidArgumentError(f"forward: token ids {int(tokens.min())}..{int(tokens.max())} are outside "
-                                       f"the vocabulary (0..{self.cfg.vocab_size - 1})")
-        if pos.shape[0] and (int(pos.max()) >= cache.capacity or int(pos.min()) < 0 or int(slot.max()) >= cache.n_slots
-                             or int(slot.min()) < 0):
-            raise ContextLengthError(f"forward: positions {int(pos.min())}..{int(pos.max())} / slots up to "
-                                     f"{int(slot.max())} do not fit the cache ({cache.capacity} positions, "
-                                     f"{cache.n_slots} slots)")
+        # Not an input check (request.make_request / check_prompt do those, once): a guard for the
+        # kernels, which index raw memory, against a caller of forward that broke its contract.
+        if tokens.shape[0] and not (0 <= int(tokens.min()) and int(tokens.max()) < self.cfg.vocab_size
+                                    and 0 <= int(pos.min()) and int(pos.max()) < cache.capacity
+                                    and 0 <= int(slot.min()) and int(slot.max()) < cache.n_slots):
+            raise IndexError(f"forward: rows outside the model or cache (token ids {int(tokens.min())}.."
+                             f"{int(tokens.max())} of {self.cfg.vocab_size}, positions {int(pos.min())}.."
+                             f"{int(pos.max())} of {cache.capacity}, slots up to {int(slot.max())} of {cache.n_slots})")
 
     def forward(self, tokens: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, cache: KVCache,
                 out_rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -166,6 +194,3 @@ class Transformer:
             x = x[out_rows]
         return K.linear(K.rmsnorm(x, self.norm, c.rms_norm_eps), self.lm_head)
 
-
-def load_transformer(folder: Path, cfg: ModelConfig, dtype: str, max_context: int) -> Transformer:
-    return Transformer(cfg, TensorStore(folder), dtype, max_context)

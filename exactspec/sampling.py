@@ -17,7 +17,7 @@ import torch
 from numba import njit
 
 from . import kernels as K
-from .errors import InvalidArgumentError
+from .errors import InvalidRequest
 
 
 @dataclass(frozen=True)
@@ -30,19 +30,18 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)) \
-                or self.temperature < 0:
-            raise InvalidArgumentError(f"temperature={self.temperature!r}: must be a finite number >= 0")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise InvalidArgumentError(f"top_k={self.top_k!r}: must be an integer >= 0 (0 = off)")
-        if not (0.0 < self.top_p <= 1.0):
-            raise InvalidArgumentError(f"top_p={self.top_p!r}: must be in (0, 1]")
-        if not (0.0 <= self.min_p <= 1.0):
-            raise InvalidArgumentError(f"min_p={self.min_p!r}: must be in [0, 1]")
-        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
-            raise InvalidArgumentError(f"repetition_penalty={self.repetition_penalty!r}: must be > 0")
-        if not isinstance(self.seed, int) or not (0 <= self.seed < 2 ** 63):
-            raise InvalidArgumentError(f"seed={self.seed!r}: must be an integer in [0, 2**63)")
+        def number(name: str, ok, rule: str) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
+                raise InvalidRequest(f"{name}={v!r}: {rule}", name)
+        number("temperature", lambda v: v >= 0, "must be a finite number >= 0")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidRequest(f"top_k={self.top_k!r}: must be an integer >= 0 (0 = off)", "top_k")
+        number("top_p", lambda v: 0.0 < v <= 1.0, "must be in (0, 1]")
+        number("min_p", lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]")
+        number("repetition_penalty", lambda v: v > 0, "must be a finite number > 0")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not (0 <= self.seed < 2 ** 63):
+            raise InvalidRequest(f"seed={self.seed!r}: must be an integer in [0, 2**63)", "seed")
 
     @property
     def greedy(self) -> bool:

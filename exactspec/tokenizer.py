@@ -1,11 +1,11 @@
 """Text <-> token ids with a checkpoint's tokenizer.json (HF `tokenizers`), and streaming decode."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
 
+from .config import read_json
 from .errors import CheckpointError
 
 
@@ -51,33 +51,62 @@ class Tokenizer:
 
 
 def _json(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        v = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(v, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(v).__name__}")
-    return v
+    return read_json(path) if path.is_file() else None
 
 
 class StreamDecoder:
     """Turns token ids arriving one step at a time into text pieces, holding back an incomplete
-    UTF-8 character (shown as U+FFFD) until the token that completes it arrives."""
+    UTF-8 character (shown as U+FFFD) until the token that completes it arrives.
+
+    Incremental: each push decodes only the tokens since the last piece, after the tokens of that
+    piece (`ids[start:]`), and cuts off what those earlier tokens decode to. Decoding the window
+    from a token already shown keeps what depends on the left context (a SentencePiece word's
+    leading space, a byte sequence split across tokens) the same as in the whole text."""
 
     def __init__(self, tokenizer: Tokenizer):
-        self.tokenizer, self.ids, self.sent = tokenizer, [], 0
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.start = 0  # the window starts at the first token of the last piece
+        self.sent = 0  # ids[start:sent] are already shown
 
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):
-            return ""
-        piece, self.sent = text[self.sent:], len(text)
-        return piece
+        return self._piece(final=False)
 
     def flush(self) -> str:
-        text = self.tokenizer.decode(self.ids)
-        piece, self.sent = text[self.sent:], len(text)
-        return piece
+        return self._piece(final=True)
+
+    def _piece(self, final: bool) -> str:
+        shown = self.tokenizer.decode(self.ids[self.start:self.sent])
+        text = self.tokenizer.decode(self.ids[self.start:])
+        if (text.endswith("\ufffd") and not final) or len(text) <= len(shown):
+            return ""
+        self.start, self.sent = self.sent, len(self.ids)
+        return text[len(shown):]
+
+
+class StopMatcher:
+    """Finds stop strings in streamed text, holding back a tail that may be the start of one."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = [s for s in stops if s]
+        self.buf = ""
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        self.buf += piece
+        hits = [i for i in (self.buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.buf = self.buf[: min(hits)], ""
+            return out, True
+        hold = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(self.buf)), 0, -1):
+                if self.buf.endswith(s[:n]):
+                    hold = max(hold, n)
+                    break
+        out, self.buf = self.buf[: len(self.buf) - hold], self.buf[len(self.buf) - hold:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.buf = self.buf, ""
+        return out

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import CheckpointError, InvalidArgumentError
+from .errors import CheckpointError, InvalidRequest
 
 EOS = "<|endoftext|>"
 
@@ -31,11 +31,11 @@ def stdlib_folder() -> Path:
 def corpus_files(folder: Path, suffixes: tuple[str, ...] = (".py",)) -> list[Path]:
     """Sorted source files under folder, skipping installed packages (site-packages)."""
     if not folder.is_dir():
-        raise InvalidArgumentError(f"corpus {folder}: not a directory")
+        raise InvalidRequest(f"corpus {folder}: not a directory")
     files = sorted(p for p in folder.rglob("*") if p.suffix in suffixes and p.is_file()
                    and "site-packages" not in p.parts and "dist-packages" not in p.parts)
     if not files:
-        raise InvalidArgumentError(f"corpus {folder}: no {'/'.join(suffixes)} files")
+        raise InvalidRequest(f"corpus {folder}: no {'/'.join(suffixes)} files")
     return files
 
 

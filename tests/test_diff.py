@@ -10,7 +10,7 @@ import transformers as tf
 import exactspec.hf as H
 from exactspec import diff
 from exactspec.cli import main
-from exactspec.errors import InvalidArgumentError
+from exactspec.errors import InvalidRequest
 from models import random_model
 
 tf.logging.set_verbosity_error()
@@ -102,13 +102,13 @@ def test_identical_and_prefix_runs_and_bad_input():
     assert diff.first_divergence(a, a) is None and diff.first_divergence(a, [5, 6, 9]) == 2
     model = random_model("llama", near_ties=False)
     assert diff.explain(model, a, a[:3], prompt_len=2)["detail"].startswith("one sequence is a prefix")
-    with pytest.raises(InvalidArgumentError, match="inside the prompt"):
+    with pytest.raises(InvalidRequest, match="inside the prompt"):
         diff.explain(model, a, [5, 9, 7, 8], prompt_len=3)
-    with pytest.raises(InvalidArgumentError, match="do_sample"):
+    with pytest.raises(InvalidRequest, match="do_sample"):
         diff.compare(model, a, {}, {"do_sample": True}, max_new_tokens=4)
-    with pytest.raises(InvalidArgumentError, match="needs --draft"):
+    with pytest.raises(InvalidRequest, match="needs --draft"):
         diff.parse_setting("assisted")
-    with pytest.raises(InvalidArgumentError, match="'lookup:x'"):
+    with pytest.raises(InvalidRequest, match="'lookup:x'"):
         diff.parse_setting("lookup:x")
 
 

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import exactspec
-from exactspec import (CheckpointError, ContextLengthError, InvalidArgumentError, UnsupportedModelError,
+from exactspec import (CheckpointError, ContextLengthError, InvalidRequest, UnsupportedModelError,
                        WeightError)
 
 
@@ -119,50 +119,89 @@ def test_unsupported_dtype(ckpt):
         exactspec.load(ckpt("llama"), dtype="float16")
 
 
-def test_prompt_longer_than_context(ckpt):
+# Every bad generation input: (call, exception, field, message). One check (request.make_request,
+# check_prompt) raises them all; the model keeps working afterwards (nothing half-done).
+BAD_INPUTS = [
+    (lambda m: m.generate(list(range(2, 22)), 1), ContextLengthError, "prompt",
+     "maximum context length is 16 tokens; the request needs 21 (20 in the prompt + 1 new)"),
+    (lambda m: m.generate([2, 3, 4], 14), ContextLengthError, "max_new_tokens", "needs 17 (3 in the prompt + 14 new)"),
+    (lambda m: m.generate_batch([[2], list(range(2, 30))], 1), ContextLengthError, "prompt", "in the prompt 1"),
+    (lambda m: m.logits(list(range(2, 22))), ContextLengthError, "token_ids", "needs 20 (20 in the token_ids)"),
+    (lambda m: m.logits([-1, 5]), InvalidRequest, "token_ids", "token id -1 outside the vocabulary [0, 320)"),
+    (lambda m: m.logits([999]), InvalidRequest, "token_ids", "token id 999 outside the vocabulary"),
+    (lambda m: m.generate([1, 999], 2), InvalidRequest, "prompt", "token id 999 outside the vocabulary"),
+    (lambda m: m.generate([], 2), InvalidRequest, "prompt", "prompt is empty"),
+    (lambda m: m.generate([1, 2.5], 2), InvalidRequest, "prompt", "token ids must be integers, got 2.5"),
+    (lambda m: m.generate([1, True], 2), InvalidRequest, "prompt", "token ids must be integers, got True"),
+    (lambda m: m.generate(None, 2), InvalidRequest, "prompt", "expected a list of int token ids, got NoneType"),
+    (lambda m: m.generate([3], -3), InvalidRequest, "max_new_tokens", "max_new_tokens=-3"),
+    (lambda m: m.generate([3], 1.5), InvalidRequest, "max_new_tokens", "max_new_tokens=1.5"),
+    (lambda m: m.generate([3], "5"), InvalidRequest, "max_new_tokens", "max_new_tokens='5'"),
+    (lambda m: m.generate([3], 2, temperature=-0.5), InvalidRequest, "temperature", "temperature=-0.5"),
+    (lambda m: m.generate([3], 2, temperature=float("nan")), InvalidRequest, "temperature", "temperature=nan"),
+    (lambda m: m.generate([3], 2, temperature="hot"), InvalidRequest, "temperature", "temperature='hot'"),
+    (lambda m: m.generate([3], 2, top_p=0.0), InvalidRequest, "top_p", "top_p=0.0: must be in (0, 1]"),
+    (lambda m: m.generate([3], 2, top_p=1.5), InvalidRequest, "top_p", "top_p=1.5"),
+    (lambda m: m.generate([3], 2, top_p="x"), InvalidRequest, "top_p", "top_p='x'"),
+    (lambda m: m.generate([3], 2, top_k=-1), InvalidRequest, "top_k", "top_k=-1"),
+    (lambda m: m.generate([3], 2, top_k=2.5), InvalidRequest, "top_k", "top_k=2.5"),
+    (lambda m: m.generate([3], 2, min_p=2.0), InvalidRequest, "min_p", "min_p=2.0"),
+    (lambda m: m.generate([3], 2, repetition_penalty=0), InvalidRequest, "repetition_penalty", "repetition_penalty=0"),
+    (lambda m: m.generate([3], 2, seed=-1), InvalidRequest, "seed", "seed=-1"),
+    (lambda m: m.generate([3], 2, seed=2 ** 63), InvalidRequest, "seed", "seed=9223372036854775808"),
+    (lambda m: m.generate([3], 2, seed="x"), InvalidRequest, "seed", "seed='x'"),
+    (lambda m: m.generate_batch([[3], [4]], 2, seed=[1]), InvalidRequest, "seed", "1 seeds for 2 prompts"),
+    (lambda m: m.generate_batch("abc", 2), InvalidRequest, "prompts", "takes a list of prompts"),
+    (lambda m: m.generate([3], 2, draft="lookup", num_draft_tokens=-1), InvalidRequest, "num_draft_tokens",
+     "num_draft_tokens=-1"),
+    (lambda m: m.generate([3], 2, draft="lookup", num_draft_tokens="lots"), InvalidRequest, "num_draft_tokens",
+     "num_draft_tokens='lots'"),
+    (lambda m: m.generate([3], 2, draft="medusa"), InvalidRequest, "draft", "draft='medusa': unknown drafter"),
+    (lambda m: m.generate([3], 2, draft=m, draft_confidence=1.5), InvalidRequest, "draft_confidence",
+     "draft_confidence=1.5"),
+    (lambda m: m.generate([3], 2, draft="lookup", lookup_max_ngram=0), InvalidRequest, "lookup_max_ngram",
+     "min_ngram (1) <= max_ngram (0)"),
+    (lambda m: exactspec.set_num_threads(0), InvalidRequest, "threads", "threads=0: must be an integer from 1"),
+    (lambda m: exactspec.load(m.folder, max_context=1), InvalidRequest, "max_context", "max_context=1"),
+]
+
+
+@pytest.mark.parametrize("call,exc,field,message", BAD_INPUTS, ids=[b[3][:40] for b in BAD_INPUTS])
+def test_every_bad_input_is_one_named_error(ckpt, call, exc, field, message):
     m = exactspec.load(ckpt("llama"), max_context=16)
-    with pytest.raises(ContextLengthError, match="prompt 0 has 20 tokens; .* is 16"):
-        m.generate(list(range(2, 22)), max_new_tokens=1)
-    with pytest.raises(InvalidArgumentError, match="exceed max_context=16"):
-        m.logits(list(range(2, 22)))
+    with pytest.raises(exc) as e:
+        call(m)
+    assert type(e.value) is exc and e.value.field == field and message in str(e.value), str(e.value)
+    assert len(m.generate([3, 4], 4, ignore_eos=True).token_ids) == 4  # nothing half-done
 
 
-def test_bad_token_ids_and_text_without_tokenizer(copy):
+def test_only_request_checks_the_context():
+    """One context-length check in the package: request.check_prompt (the forward's guard is not an input check)."""
+    import pathlib
+    pkg = pathlib.Path(exactspec.__file__).parent
+    hits = [f"{p.name}:{i}" for p in sorted(pkg.glob("*.py")) for i, line in enumerate(p.read_text().splitlines(), 1)
+            if "raise ContextLengthError(" in line]
+    assert hits == [hits[0]] and hits[0].startswith("request.py:"), hits
+
+
+def test_seed_none_works_greedy_and_sampled(ckpt):
+    m = exactspec.load(ckpt("llama"))
+    assert m.generate([3, 4], 8, seed=None).token_ids == m.generate([3, 4], 8).token_ids
+    r = m.generate([3, 4], 8, seed=None, temperature=1.0, ignore_eos=True)
+    assert m.generate([3, 4], 8, seed=r.stats.seed, temperature=1.0, ignore_eos=True).token_ids == r.token_ids
+
+
+def test_text_without_tokenizer(copy):
     d = copy()
-    m = exactspec.load(d)
-    with pytest.raises(InvalidArgumentError, match="token id 999 outside the vocabulary"):
-        m.generate([1, 999], max_new_tokens=2)
-    with pytest.raises(InvalidArgumentError, match=r"token ids -1\.\.5 are outside the vocabulary \(0\.\.319\)"):
-        m.logits([-1, 5])  # the kernels index raw memory: refused, not wrapped to the last id
-    with pytest.raises(InvalidArgumentError, match="token ids 999..999"):
-        m.logits([999])
     (d / "tokenizer.json").unlink()
     with pytest.raises(CheckpointError, match=r"no tokenizer \(tokenizer.json"):
         exactspec.load(d).generate("hello", max_new_tokens=2)
 
 
-@pytest.mark.parametrize("kw,msg", [
-    (dict(temperature=-0.5), "temperature=-0.5"),
-    (dict(temperature=float("nan")), "temperature=nan"),
-    (dict(top_p=0.0), "top_p=0.0"),
-    (dict(top_p=1.5), "top_p=1.5"),
-    (dict(top_k=-1), "top_k=-1"),
-    (dict(min_p=2.0), "min_p=2.0"),
-    (dict(draft="lookup", num_draft_tokens=-1), "num_draft_tokens=-1"),
-    (dict(draft="lookup", num_draft_tokens="lots"), "num_draft_tokens='lots'"),
-    (dict(draft="medusa"), "draft='medusa': unknown drafter"),
-    (dict(max_new_tokens=-3), "max_new_tokens=-3"),
-])
-def test_bad_generation_arguments(ckpt, kw, msg):
-    m = exactspec.load(ckpt("llama"))
-    with pytest.raises(InvalidArgumentError, match=msg.replace("(", r"\(")):
-        m.generate([3, 4], **{"max_new_tokens": 4, **kw})
-
-
 def test_draft_with_another_vocabulary(ckpt):
     m = exactspec.load(ckpt("llama"))
     other = exactspec.load(ckpt("llama", seed_vocab=256, tokenizer=False))
-    with pytest.raises(InvalidArgumentError, match="vocabulary size 256 differs from the target's 320"):
+    with pytest.raises(InvalidRequest, match="vocabulary size 256 differs from the target's 320"):
         m.generate([3, 4], max_new_tokens=4, draft=other)
 
 
@@ -177,3 +216,75 @@ def test_cli_errors_are_one_line_exit_2(ckpt, tmp_path):
     assert r.returncode == 2 and "temperature=-1.0" in r.stderr and "Traceback" not in r.stderr
     r = _cli("generate", "--model", str(ckpt("llama")), "--prompt", "x", "--draft", str(tmp_path))
     assert r.returncode == 2 and "config.json not found" in r.stderr
+
+
+# Checkpoint files of the wrong types: (file, content, message). A named CheckpointError, never a traceback.
+BAD_FILES = [
+    ("config.json", {"hidden_size": [64]}, "field 'hidden_size' must be an int, got [64]"),
+    ("config.json", {"num_attention_heads": None}, "field 'num_attention_heads' must be an int, got None"),
+    ("config.json", {"vocab_size": "320"}, "field 'vocab_size' must be an int, got '320'"),
+    ("config.json", {"rms_norm_eps": "small"}, "field 'rms_norm_eps' must be a float"),
+    ("config.json", {"tie_word_embeddings": "yes"}, "field 'tie_word_embeddings' must be a bool"),
+    ("config.json", {"eos_token_id": 1.5}, "field 'eos_token_id': expected a token id or a list of token ids, got 1.5"),
+    ("config.json", {"eos_token_id": [[1, 2]]}, "field 'eos_token_id': expected a token id"),
+    ("config.json", {"rope_parameters": "fast"}, "field 'rope_parameters' must be an object"),
+    ("config.json", {"architectures": "LlamaForCausalLM"}, "field 'architectures' must be a list"),
+    ("config.json", {"hidden_size": 0}, "field 'hidden_size' must be >= 1"),
+    ("config.json", [1, 2], "config.json: expected a JSON object, got list"),
+    ("config.json", b"\xff\xfe{}", "config.json: not UTF-8 text"),
+    ("generation_config.json", {"eos_token_id": 1.0}, "generation_config.json: field 'eos_token_id'"),
+    ("generation_config.json", {"eos_token_id": [1, None]}, "generation_config.json: field 'eos_token_id'"),
+    ("generation_config.json", b"\xff", "generation_config.json: not UTF-8 text"),
+    ("generation_config.json", "null", "generation_config.json: expected a JSON object, got NoneType"),
+    ("tokenizer_config.json", [1], "tokenizer_config.json: expected a JSON object, got list"),
+    ("tokenizer_config.json", b"{\xff}", "tokenizer_config.json: not UTF-8 text"),
+]
+
+
+@pytest.mark.parametrize("name,content,message", BAD_FILES, ids=[f"{b[0]}:{b[2][:30]}" for b in BAD_FILES])
+def test_checkpoint_files_of_wrong_types_are_named(copy, name, content, message):
+    d = copy()
+    path = d / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif isinstance(content, dict):
+        path.write_text(json.dumps({**json.loads(path.read_text()), **content}))
+    else:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(CheckpointError) as e:
+        exactspec.load(d)
+    assert message in str(e.value), str(e.value)
+    assert _cli_main(["generate", "--model", str(d), "--prompt", "x"]) == 2
+
+
+def test_draft_with_a_shorter_context_stops_drafting_at_its_end(ckpt):
+    target = exactspec.load(ckpt("llama"), max_context=64)
+    draft = exactspec.load(ckpt("llama"), max_context=20)  # the same weights: every draft is accepted
+    plain = target.generate([3, 4, 5], None, ignore_eos=True)
+    r = target.generate([3, 4, 5], None, ignore_eos=True, draft=draft, num_draft_tokens=4)
+    assert r.token_ids == plain.token_ids and len(r.token_ids) == 61
+    assert 0 < r.stats.accepted < 58  # drafts while the sequence fits the draft's 20 positions, then none
+
+
+def _cli_main(argv):
+    from exactspec.cli import main
+    return main(argv)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["generate", "--prompt", "x", "--threads", "0"], "threads=0"),
+    (["serve", "--threads", "0"], "threads=0"),
+    (["serve", "--max-queue", "0"], "--max-queue 0"),
+    (["serve", "--max-batch", "0"], "--max-batch 0"),
+    (["generate", "--prompt", "x", "--temperature", "-1"], "temperature=-1.0"),
+    (["generate", "--prompt", "x", "--top-p", "2"], "top_p=2.0"),
+    (["generate", "--prompt", "x", "--seed", "-4"], "seed=-4"),
+    (["generate", "--prompt", "x", "--max-new-tokens", "-1"], "max_new_tokens=-1"),
+    (["generate", "--prompt", "x " * 1100, "--max-new-tokens", "4"], "maximum context length is 1024"),
+    (["generate", "--prompt", "x", "--draft", "lookup", "--num-draft-tokens", "0", "--top-k", "-2"], "top_k=-2"),
+])
+def test_cli_bad_inputs_exit_2_with_one_line(ckpt, capsys, args, message):
+    cmd, rest = args[0], args[1:]
+    assert _cli_main([cmd, "--model", str(ckpt("llama")), *rest]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err, err

@@ -1,4 +1,5 @@
 """Greedy generation against a slow no-cache reference; stops; batches; API shapes."""
+import pytest
 import torch
 
 import exactspec
@@ -65,8 +66,10 @@ def test_zero_new_tokens(ckpt):
 
 def test_context_end_stops_with_length(ckpt):
     model = exactspec.load(ckpt("llama"), max_context=40)
-    r = model.generate(list(range(2, 32)), max_new_tokens=100, ignore_eos=True)
+    r = model.generate(list(range(2, 32)), max_new_tokens=None, ignore_eos=True)  # None: up to the context
     assert len(r.token_ids) == 10 and r.finish_reason == "length"
+    with pytest.raises(exactspec.ContextLengthError, match=r"maximum context length is 40 .* \(30 in the prompt \+ 100 new"):
+        model.generate(list(range(2, 32)), max_new_tokens=100, ignore_eos=True)
     full = exactspec.load(ckpt("llama")).generate(list(range(2, 32)), max_new_tokens=10, ignore_eos=True)
     assert r.token_ids == full.token_ids
 

@@ -6,7 +6,7 @@ import torch
 import transformers as tf
 
 import exactspec.hf as H
-from exactspec.errors import InvalidArgumentError, UnsupportedModelError
+from exactspec.errors import InvalidRequest, UnsupportedModelError
 from models import config_for, random_model
 
 tf.logging.set_verbosity_error()
@@ -216,7 +216,7 @@ def test_unsupported_model_type_is_refused_before_anything_changes():
 
 def test_non_cpu_model_is_refused_with_the_reason():
     model = random_model("llama").to("meta")
-    with pytest.raises(InvalidArgumentError, match="is on meta.*CPU kernels"):
+    with pytest.raises(InvalidRequest, match="is on meta.*CPU kernels"):
         H.patch(model)
 
 
@@ -242,7 +242,7 @@ def test_other_unsupported_settings_are_named():
 
 def test_autograd_is_refused_not_silently_dropped():
     model = random_model("llama")
-    with H.patch(model), pytest.raises(InvalidArgumentError, match="inference-only.*torch.no_grad"):
+    with H.patch(model), pytest.raises(InvalidRequest, match="inference-only.*torch.no_grad"):
         model(prompt(9, 5))
 
 
@@ -263,7 +263,7 @@ def test_input_of_another_dtype_than_the_weights_is_named():
     model = random_model("llama", dtype=torch.bfloat16)
     x = torch.randn(1, 2, model.config.hidden_size)  # float32 into bfloat16 weights: torch refuses too
     with torch.no_grad(), H.patch(model):
-        with pytest.raises(InvalidArgumentError, match="lm_head: input dtype torch.float32 does not match"):
+        with pytest.raises(InvalidRequest, match="lm_head: input dtype torch.float32 does not match"):
             model.lm_head(x)
-        with pytest.raises(InvalidArgumentError, match="layers.0.mlp: input dtype torch.float32"):
+        with pytest.raises(InvalidRequest, match="layers.0.mlp: input dtype torch.float32"):
             model.model.layers[0].mlp(x)

@@ -96,7 +96,7 @@ def test_unrelated_draft_is_mostly_rejected_yet_output_identical(pair):
     plain = target.generate([50, 60], 100, ignore_eos=True)
     r = target.generate([50, 60], 100, ignore_eos=True, draft=draft, num_draft_tokens=5)
     assert r.token_ids == plain.token_ids
-    assert r.stats.acceptance_rate < 0.5 and r.stats.draft_forward_passes > 0
+    assert r.stats.acceptance_rate < 0.5 and r.batch.draft_forward_passes > 0
 
 
 def test_lookup_drafter_proposes_continuation_of_latest_match():

@@ -1,0 +1,257 @@
+"""The decoding loop: prefill, propose, verify, accept, roll back. Plain decoding is this loop
+with no drafter (k = 0). Batches of sequences of any lengths go through one target forward per
+step, each sequence accepting its own number of tokens.
+
+Takes validated `Request`s (request.py) and trusts them: nothing here re-checks an input.
+
+Invariant kept by the loop: a sequence's cache holds keys for all of its tokens but the last;
+each step feeds [last token] + drafts at positions len-1, len, ..., and afterwards the valid
+length is len(tokens) - 1 again (the rollback: rejected drafts' keys are left as garbage, and the
+next step overwrites them).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .drafters import Drafter
+from .errors import GenerationError
+from .model import Rows, Transformer
+from .request import Request
+from .sampling import pick, pick_rows
+
+
+@dataclass
+class Stats:
+    """One sequence's figures; every field means this sequence only."""
+    prompt_tokens: int = 0
+    new_tokens: int = 0  # committed tokens (for a cancelled sequence: those committed before it left)
+    forward_passes: int = 0  # target forwards this sequence took part in (its prefill counts one)
+    proposed: int = 0  # draft tokens proposed for it
+    accepted: int = 0  # ... and accepted
+    steps: int = 0  # verify steps (its forwards after the prefill)
+    time_to_first_token: float = 0.0  # seconds from joining the batch to its first token
+    wall_time: float = 0.0  # seconds from joining the batch to finishing (or being cancelled)
+    seed: int | None = None  # the sampling seed used (temperature > 0), so a run with seed=None replays
+    proposed_at: list[int] = field(default_factory=list)  # [i]: steps that proposed a draft token at offset i
+    accepted_at: list[int] = field(default_factory=list)  # [i]: ... and had it accepted
+
+    def count_step(self, proposed: int, accepted: int) -> None:
+        self.steps += 1
+        self.proposed += proposed
+        self.accepted += accepted
+        while len(self.proposed_at) < proposed:
+            self.proposed_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(proposed):
+            self.proposed_at[i] += 1
+            self.accepted_at[i] += i < accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per verify step (accepted drafts + the target's own token)."""
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {**self.__dict__, "acceptance_rate": self.acceptance_rate,
+                "mean_accepted_length": self.mean_accepted_length, "tokens_per_second": self.tokens_per_second}
+
+
+@dataclass
+class BatchStats:
+    """A whole batch's figures (generate_batch, the engine): shared work, not per sequence."""
+    sequences: int = 0  # sequences that joined
+    new_tokens: int = 0  # tokens committed, all sequences
+    forward_passes: int = 0  # target forwards
+    draft_forward_passes: int = 0  # the drafter's forwards (a draft model; 0 for prompt lookup)
+    cancelled: int = 0  # sequences cancelled before they finished
+    cancelled_tokens: int = 0  # tokens those had committed (work done for nobody)
+    wall_time: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {**self.__dict__, "tokens_per_second": self.tokens_per_second}
+
+
+@dataclass
+class SeqState:
+    """A request while it is in a batch."""
+    req: Request
+    slot: int
+    tokens: list[int]  # prompt + generated
+    k: int  # draft tokens to ask for at the next step
+    tag: object = None  # the caller's handle (engine request, prompt index)
+    finish_reason: str | None = None  # "stop" (EOS) | "length" | "cancelled"
+    prefilled: bool = False
+    joined_at: float = field(default_factory=time.perf_counter)
+    stats: Stats = field(default_factory=Stats)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[len(self.req.prompt):]
+
+
+class Batch:
+    """Sequences decoded together, one target forward per `step`. Sequences join (`add`) and
+    leave (finish, `cancel`) between steps: continuous batching. A step feeds the whole prompt
+    of each newly added sequence and [last token] + drafts of each running one, in one forward;
+    thanks to batch invariance no sequence's tokens depend on what else is in the batch."""
+
+    def __init__(self, target: Transformer, n_slots: int, capacity: int, drafter: Drafter | None = None):
+        self.target, self.drafter = target, drafter
+        self.capacity = min(capacity, target.max_context)
+        self.cache = target.new_cache(n_slots, self.capacity)
+        self._free = list(range(n_slots - 1, -1, -1))
+        self.seqs: list[SeqState] = []
+        self.stats = BatchStats()
+        if drafter is not None:
+            drafter.begin(n_slots, self.capacity)
+
+    @property
+    def has_room(self) -> bool:
+        return bool(self._free)
+
+    @property
+    def running(self) -> list[SeqState]:
+        return [s for s in self.seqs if s.finish_reason is None]
+
+    def add(self, req: Request, tag: object = None) -> SeqState:
+        """Join the batch (prefilled at the next step). The request was validated by make_request."""
+        if not self._free:
+            raise GenerationError("Batch.add: no free slot (check has_room first)")
+        k = req.draft_len.k0 if self.drafter is not None else 0
+        s = SeqState(req, self._free.pop(), list(req.prompt), k, tag)
+        s.stats.prompt_tokens, s.stats.seed = len(req.prompt), req.params.seed if not req.params.greedy else None
+        self.stats.sequences += 1
+        if req.max_new_tokens == 0:
+            s.finish_reason = "length"
+        self.seqs.append(s)
+        return s
+
+    def cancel(self, s: SeqState) -> None:
+        if s.finish_reason is None:
+            s.finish_reason = "cancelled"
+            self.stats.cancelled += 1
+            self.stats.cancelled_tokens += len(s.generated)
+        self._release()
+
+    def step(self) -> list[tuple[SeqState, list[int]]]:
+        """One target forward. Returns (sequence, tokens it committed) for each; sequences that
+        finished (see `finish_reason`) have left the batch when it returns."""
+        live = self.running
+        if not live:
+            return []
+        new = [s for s in live if not s.prefilled]
+        old = [s for s in live if s.prefilled]
+        drafts = self._propose(old)
+        logits = self._rows(new, old, drafts).forward(self.target, self.cache)
+        self.stats.forward_passes += 1
+        out = self._accept(new, old, drafts, logits)
+        self._release()  # finished sequences leave now; their slots take the next arrivals
+        return out
+
+    # -- the steps of `step` ------------------------------------------------------------------
+    def _propose(self, old: list[SeqState]) -> list[list[int]]:
+        """Draft tokens for each running sequence. Never past the token budget or the cache: the
+        verify yields up to k + 1 tokens."""
+        ks = [max(0, min(s.k, s.req.max_new_tokens - len(s.generated) - 1, self.capacity - len(s.tokens) - 1))
+              for s in old]
+        if self.drafter is None or not any(ks):
+            return [[] for _ in old]
+        before = self.drafter.forward_passes
+        drafts = self.drafter.propose([s.slot for s in old], [s.tokens for s in old], ks,
+                                      [s.req.params for s in old])
+        self.stats.draft_forward_passes += self.drafter.forward_passes - before
+        return drafts
+
+    @staticmethod
+    def _rows(new: list[SeqState], old: list[SeqState], drafts: list[list[int]]) -> Rows:
+        rows = Rows()
+        for s in new:  # the whole prompt; only its last row's logits are needed
+            rows.add(s.slot, s.tokens, 0)
+        for s, d in zip(old, drafts):  # [last token] + drafts at positions len-1, len, ...
+            rows.add(s.slot, [s.tokens[-1]] + d, len(s.tokens) - 1, all_logits=True)
+        return rows
+
+    def _accept(self, new: list[SeqState], old: list[SeqState], drafts: list[list[int]],
+                logits: torch.Tensor) -> list[tuple[SeqState, list[int]]]:
+        """Pick the target's token at every row; keep the drafts up to the first disagreement."""
+        out = []
+        for i, s in enumerate(new):
+            s.prefilled = True
+            out.append((s, self._commit(s, [pick(logits[i], s.req.params, len(s.tokens), s.tokens)])))
+        r = len(new)
+        for s, d in zip(old, drafts):
+            n = len(s.tokens)
+            choice = pick_rows(logits[r: r + len(d) + 1], s.req.params, range(n, n + len(d) + 1), s.tokens, d)
+            r += len(d) + 1
+            a = 0
+            while a < len(d) and d[a] == choice[a]:
+                a += 1
+            s.stats.count_step(len(d), a)
+            s.k = s.req.draft_len.update(s.k, len(d), a)
+            out.append((s, self._commit(s, d[:a] + [choice[a]])))
+        return out
+
+    def _commit(self, s: SeqState, new: list[int]) -> list[int]:
+        """Append tokens until a stop; returns the ones appended."""
+        kept = []
+        for t in new:
+            s.tokens.append(t)
+            kept.append(t)
+            if t in s.req.eos:
+                s.finish_reason = "stop"
+            elif len(s.generated) >= s.req.max_new_tokens or len(s.tokens) >= self.capacity:
+                s.finish_reason = "length"
+            if s.finish_reason:
+                break
+        now = time.perf_counter()
+        st = s.stats
+        st.forward_passes += 1
+        if not st.new_tokens:
+            st.time_to_first_token = now - s.joined_at
+        st.new_tokens += len(kept)
+        self.stats.new_tokens += len(kept)
+        return kept
+
+    def _release(self) -> None:
+        now = time.perf_counter()
+        for s in [s for s in self.seqs if s.finish_reason is not None]:
+            s.stats.wall_time = now - s.joined_at
+            self.seqs.remove(s)
+            self._free.append(s.slot)
+            if self.drafter is not None:
+                self.drafter.release(s.slot)
+
+
+OnToken = Callable[[object, list[int]], None]  # (the sequence's tag, new token ids)
+
+
+def run_batch(target: Transformer, reqs: list[Request], drafter: Drafter | None = None,
+              on_token: OnToken | None = None) -> tuple[list[SeqState], BatchStats]:
+    """Decode a fixed batch to the end: all requests join at once (tag = their index), the loop
+    steps until none runs."""
+    t0 = time.perf_counter()
+    capacity = max((len(r.prompt) + r.max_new_tokens for r in reqs), default=1)
+    batch = Batch(target, max(1, len(reqs)), capacity, drafter)
+    seqs = [batch.add(r, tag=i) for i, r in enumerate(reqs)]
+    while batch.running:
+        for s, new in batch.step():
+            if on_token is not None and new:
+                on_token(s.tag, new)
+    batch.stats.wall_time = time.perf_counter() - t0
+    return seqs, batch.stats

@@ -1,0 +1,139 @@
+"""The OpenAI wire format: request bodies (pydantic), error bodies, response and SSE chunk shapes.
+
+Knows JSON shapes only: no model, no engine. The bodies check JSON types; value ranges (a
+temperature below 0, a prompt longer than the context) are checked once, by
+request.make_request, and come back here as InvalidRequest to be shaped into a 400.
+"""
+from __future__ import annotations
+
+import json
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import ContextLengthError, InvalidRequest
+
+# our field names (request.make_request) -> OpenAI's
+WIRE_NAMES = {"max_new_tokens": "max_tokens", "token_ids": "prompt"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+    @classmethod
+    def invalid(cls, e: InvalidRequest) -> "APIError":
+        code = "context_length_exceeded" if isinstance(e, ContextLengthError) else None
+        param = WIRE_NAMES.get(e.field, e.field) if e.field else None
+        return cls(400, str(e), param=param, code=code)
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """pydantic's first error as (message, field path)."""
+    e = errors[0] if errors else {}
+    where = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+    msg = e.get("msg", "invalid request")
+    if e.get("type") == "json_invalid":
+        msg = f"request body is not valid JSON ({e.get('ctx', {}).get('error', msg)})"
+    return (f"{where}: {msg}" if where else msg), where or None
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown fields are ignored, as OpenAI's API does
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+    n: int = 1
+    ignore_eos: bool = False  # vLLM's extension: keep going past EOS until max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[dict] | None = None
+
+    def text(self) -> str:
+        """The content as text: a string, or the text parts of [{"type": "text", "text": ...}, ...]."""
+        if isinstance(self.content, list):
+            return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+        return self.content or ""
+
+
+class ChatRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+
+
+# OpenAI fields we cannot honour: refused when set, rather than silently ignored.
+UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+               "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
+               "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
+               "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0)}
+
+
+def refuse_unsupported(r: BaseModel) -> None:
+    for name, defaults in UNSUPPORTED.items():
+        v = (r.model_extra or {}).get(name)
+        if v not in defaults:
+            raise APIError(400, f"{name}={v!r} is not supported by this server", param=name)
+
+
+class Shapes:
+    """Response bodies of one request: a whole completion, or its stream of chunks."""
+
+    def __init__(self, kind: str, rid: str, created: int, model: str):
+        self.kind, self.rid, self.created, self.model = kind, rid, created, model
+
+    def choice(self, text: str, finish: str | None, delta: bool) -> dict:
+        if self.kind == "chat":
+            body = {"delta": {"role": "assistant", "content": text}} if delta else \
+                {"message": {"role": "assistant", "content": text}}
+        else:
+            body = {"text": text, "logprobs": None}
+        return {"index": 0, **body, "finish_reason": finish}
+
+    def whole(self, text: str, finish: str | None, usage: dict) -> dict:
+        obj = "chat.completion" if self.kind == "chat" else "text_completion"
+        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
+                "choices": [self.choice(text, finish, False)], "usage": usage}
+
+    def chunk(self, text: str = "", finish: str | None = None, usage: dict | None = None) -> bytes:
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        body = {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
+                "choices": [] if usage is not None else [self.choice(text, finish, True)]}
+        if usage is not None:
+            body["usage"] = usage
+        return sse(body)
+
+
+def sse(payload: dict) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}

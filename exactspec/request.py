@@ -1,0 +1,113 @@
+"""One request, validated once. `make_request` is the only place a generation's inputs are
+checked (prompt ids against the vocabulary, prompt + max_new_tokens against the context, the
+sampling parameters, the draft length); everything after it (the decode loop, the engine, the
+server) takes a `Request` and trusts it. `check_prompt` is the same prompt check, for calls that
+only run a forward (`Model.logits`).
+
+Knows only token ids: text is encoded by the caller (api.Model, the server) before it gets here.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from .errors import ContextLengthError, InvalidRequest
+from .sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a request is checked against: the target's vocabulary and its context (max_context)."""
+    vocab_size: int
+    max_context: int
+
+
+class DraftLength:
+    """How many tokens to ask the drafter for. Fixed k, or dynamic ("grow by 2 after a fully
+    accepted draft, shrink by 1 after a rejection", as transformers' assisted generation does).
+    The output never depends on it; only speed does."""
+
+    def __init__(self, k: int | str = 0, max_k: int = 16):
+        if k == "dynamic":
+            self.dynamic, self.k0, self.max_k = True, 4, max_k
+        elif isinstance(k, int) and not isinstance(k, bool) and k >= 0:
+            self.dynamic, self.k0, self.max_k = False, k, k
+        else:
+            raise InvalidRequest(f"num_draft_tokens={k!r}: must be an integer >= 0 or 'dynamic'", "num_draft_tokens")
+
+    def __repr__(self) -> str:
+        return "DraftLength('dynamic')" if self.dynamic else f"DraftLength({self.k0})"
+
+    def update(self, k: int, proposed: int, accepted: int) -> int:
+        if not self.dynamic or proposed == 0:
+            return k
+        return min(self.max_k, k + 2) if accepted == proposed else max(1, k - 1)
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: tuple[int, ...]  # token ids, each in [0, vocab), 1 <= len < max_context
+    params: SamplingParams  # its seed is resolved: a run with the same Request replays exactly
+    max_new_tokens: int  # >= 0; len(prompt) + max_new_tokens <= max_context
+    eos: frozenset[int] = frozenset()  # stop after any of these ids ("stop"); empty = ignore EOS
+    stop: tuple[str, ...] = ()  # stop strings: matched on text by the caller that has a tokenizer
+    draft_len: DraftLength = field(default_factory=DraftLength)  # speculation: k per verify step
+
+
+def _int(name: str, v, lo: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise InvalidRequest(f"{name}={v!r}: must be an integer >= {lo}", name)
+    return v
+
+
+def check_prompt(ids: Iterable, limits: Limits, name: str = "prompt", room: int = 0) -> tuple[int, ...]:
+    """Token ids as a tuple of ints, each inside the vocabulary, with `room` positions left in the
+    context after them. The only context-length check of the package."""
+    field = name.split(" ")[0]  # "prompt 3" (of a batch) is the field "prompt"
+    if isinstance(ids, (str, bytes)):
+        raise InvalidRequest(f"{name}: expected token ids, got text (encode it with the model's tokenizer)", field)
+    try:
+        out = tuple(ids)
+    except TypeError:
+        raise InvalidRequest(f"{name}: expected a list of int token ids, got {type(ids).__name__}", field) from None
+    if not out:
+        raise InvalidRequest(f"{name} is empty: at least one token is needed", field)
+    bad = next((t for t in out if isinstance(t, bool) or not isinstance(t, int)), None)
+    if bad is not None:
+        raise InvalidRequest(f"{name}: token ids must be integers, got {bad!r}", field)
+    bad = next((t for t in out if not 0 <= t < limits.vocab_size), None)
+    if bad is not None:
+        raise InvalidRequest(f"{name}: token id {bad} outside the vocabulary [0, {limits.vocab_size})", field)
+    if len(out) + room > limits.max_context:
+        what = f"{len(out)} in the {name}" + (f" + {room} new" if room else "")
+        too_long = len(out) + min(room, 1) > limits.max_context  # no room even for one new token
+        raise ContextLengthError(f"This model's maximum context length is {limits.max_context} tokens; the request "
+                                 f"needs {len(out) + room} ({what})", field if too_long else "max_new_tokens")
+    return tuple(int(t) for t in out)
+
+
+def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 128, *,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                 repetition_penalty: float = 1.0, seed: int | None = 0, eos: Iterable[int] = (),
+                 stop: str | Iterable[str] | None = None, num_draft_tokens: int | str = 0,
+                 name: str = "prompt") -> Request:
+    """A validated Request, or InvalidRequest naming the field. max_new_tokens=None: as many as the
+    context holds. seed=None: greedy ignores it; sampling draws a fresh one (kept in the Request's
+    params, reported in the result's stats) so the run can be replayed."""
+    if max_new_tokens is not None:
+        _int("max_new_tokens", max_new_tokens)
+    ids = check_prompt(prompt, limits, name, 1 if max_new_tokens is None else max_new_tokens)
+    if max_new_tokens is None:
+        max_new_tokens = limits.max_context - len(ids)
+    if seed is None:
+        seed = secrets.randbits(63) if temperature else 0
+    params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed)
+    try:
+        eos_ids = frozenset(_int("eos", t) for t in eos)
+    except TypeError:
+        raise InvalidRequest(f"eos={eos!r}: must be a list of token ids", "eos") from None
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if not all(isinstance(s, str) for s in stops):
+        raise InvalidRequest(f"stop={stop!r}: must be a string or a list of strings", "stop")
+    return Request(ids, params, max_new_tokens, eos_ids, tuple(s for s in stops if s), DraftLength(num_draft_tokens))
