@@ -18,13 +18,7 @@ import torch
 
 import exactspec
 from exactspec.demo import PROMPTS, demo_folder
-
-
-def first_diff(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+from exactspec.diff import first_divergence
 
 
 def run_hf(folder: Path, draft_folder: Path, dtype: torch.dtype, n: int, k: int) -> dict:
@@ -96,11 +90,11 @@ def main() -> None:
         print(f"{'method':<18} {'tok/s':>8} {'vs HF greedy':>13}  same ids as own greedy")
         for group, ref in ((hf, "HF greedy"), (ours, "ours greedy")):
             for name, r in group.items():
-                diffs = [first_diff(x, y) for x, y in zip(r["ids"], group[ref]["ids"])]
+                diffs = [first_divergence(x, y) for x, y in zip(r["ids"], group[ref]["ids"])]
                 same = "yes" if all(d is None for d in diffs) else \
                     "NO: diverges at new token " + ", ".join("-" if d is None else str(d) for d in diffs)
                 print(f"{name:<18} {r['tps']:8.1f} {r['tps'] / base:12.2f}x  {same}")
-        agree = [first_diff(x, y) for x, y in zip(ours["ours greedy"]["ids"], hf["HF greedy"]["ids"])]
+        agree = [first_divergence(x, y) for x, y in zip(ours["ours greedy"]["ids"], hf["HF greedy"]["ids"])]
         print("ours greedy vs HF greedy (first difference per prompt; HF bfloat16 rounds activations to "
               "bfloat16, ours keeps float32):", ["-" if d is None else d for d in agree])
         print("our draft acceptance by draft position:", " ".join(f"{x:.2f}" for x in ours["ours draft"]["by_pos"]))

@@ -24,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-SHAPE = dict(vocab_size=32000, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-             num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0,
-             tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+from common import QWEN_05B
+
+SHAPE = dict(QWEN_05B, rms_norm_eps=1e-6, rope_theta=1000000.0, bos_token_id=1, eos_token_id=2)
 PROMPT = [1] + list(range(300, 363))  # 64 tokens
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 import exactspec.hf
+from common import QWEN_05B, table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,13 +38,10 @@ def demo_pair(dtype: torch.dtype):
 
 def qwen_shape_pair(dtype: torch.dtype):
     import transformers as tf
-    common = dict(vocab_size=32000, num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
-                  tie_word_embeddings=True, eos_token_id=1, bos_token_id=0)
     torch.manual_seed(0)
-    t = tf.Qwen2ForCausalLM(tf.Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                                           **common)).to(dtype).eval()
-    d = tf.Qwen2ForCausalLM(tf.Qwen2Config(hidden_size=224, intermediate_size=896, num_hidden_layers=2,
-                                           **common)).to(dtype).eval()
+    t = tf.Qwen2ForCausalLM(tf.Qwen2Config(**QWEN_05B)).to(dtype).eval()
+    d = tf.Qwen2ForCausalLM(tf.Qwen2Config(**{**QWEN_05B, "hidden_size": 224, "intermediate_size": 896,
+                                              "num_hidden_layers": 2})).to(dtype).eval()
     ids = torch.randint(2, 32000, (1, 24), generator=torch.Generator().manual_seed(0))
     return t, d, ids
 
@@ -74,12 +72,12 @@ def run(name: str, target, draft, ids: torch.Tensor, tokens: int, repeat: int) -
                 speed, out = timed_generate(target, ids, tokens, repeat, **kw)
             greedy = out if greedy is None else greedy
             rows[(label, patched)] = (speed, torch.equal(out, greedy))
-    print(f"\n### {name}: {tokens} new tokens, median of {repeat} runs, dtype {next(target.parameters()).dtype}")
-    print("| setting | unpatched tok/s | == greedy | patched tok/s | == greedy | patched/unpatched |")
-    print("|---|---|---|---|---|---|")
+    out = []
     for label, _ in settings:
         (u, ue), (p, pe) = rows[(label, False)], rows[(label, True)]
-        print(f"| {label} | {u:.1f} | {'yes' if ue else 'NO'} | {p:.1f} | {'yes' if pe else 'NO'} | {p / u:.2f} |")
+        out.append((label, f"{u:.1f}", "yes" if ue else "NO", f"{p:.1f}", "yes" if pe else "NO", f"{p / u:.2f}"))
+    table(("setting", "unpatched tok/s", "== greedy", "patched tok/s", "== greedy", "patched/unpatched"), out,
+          f"{name}: {tokens} new tokens, median of {repeat} runs, dtype {next(target.parameters()).dtype}")
 
 
 def main() -> None:

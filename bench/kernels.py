@@ -18,20 +18,10 @@ import torch.nn.functional as F
 
 import exactspec  # noqa: F401  (sets numba's environment)
 from exactspec import kernels as K
+from common import read_bandwidth
 
 SHAPES = [(896, 1152), (896, 896), (896, 4864), (4864, 896), (896, 32000)]
 MS = [1, 2, 4, 5, 8, 9, 16]
-
-
-def read_bandwidth() -> float:
-    x = torch.ones(256 * 1024 * 1024)  # 1 GiB float32
-    x.sum()
-    ts = []
-    for _ in range(5):
-        t = time.perf_counter()
-        x.sum()
-        ts.append(time.perf_counter() - t)
-    return x.numel() * 4 / min(ts)
 
 
 def _times(f, reps: int, copies: int) -> list[float]:

@@ -21,6 +21,7 @@ import torch
 import exactspec
 import exactspec.hf
 from exactspec import chat, diff, fetch
+from common import table
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [
@@ -55,10 +56,7 @@ def hf_runs(target, draft, prompts: list[list[int]], tokens: int, patched: bool)
 
 
 def table(title: str, runs: dict[str, list[list[int]]], n_prompt: list[int], seconds: float) -> list[tuple]:
-    print(f"\n### {title} ({seconds:.0f} s)")
-    print("| setting | prompts diverging from greedy | first divergent token (per diverging prompt) |")
-    print("|---|---|---|")
-    found = []
+    found, rows = [], []
     for name, seqs in runs.items():
         if name == "greedy":
             continue
@@ -68,7 +66,9 @@ def table(title: str, runs: dict[str, list[list[int]]], n_prompt: list[int], sec
             if p is not None:
                 firsts.append(p - n_prompt[i])
                 found.append((name, i, a, b))
-        print(f"| {name} | {len(firsts)} / {len(seqs)} | {', '.join(map(str, firsts)) or '-'} |")
+        rows.append((name, f"{len(firsts)} / {len(seqs)}", ", ".join(map(str, firsts)) or "-"))
+    table(("setting", "prompts diverging from greedy", "first divergent token (per diverging prompt)"), rows,
+          f"{title} ({seconds:.0f} s)")
     return found
 
 

@@ -88,7 +88,7 @@ def _forward(tokens, embed, slot, pos, out_rows, attn_norm, wqkv, bqkv, q_norm, 
     return logits
 
 
-_forward_serial = K.serial_build(_forward)
+_FORWARD = K.TwoBuilds(_forward)
 SERIAL_FORWARD = 1 << 19  # multiply-adds per forward below which one thread runs it all (~50 us)
 
 
@@ -164,7 +164,8 @@ def forward(st: Stack, tokens: np.ndarray, embed: np.ndarray, slot: np.ndarray, 
     if tokens.shape[0] == 0:
         return logits
     a = st.arrays
-    kern = _forward_serial if tokens.shape[0] * (st.work + head.n * head.k) < SERIAL_FORWARD else _forward
-    return kern(tokens, embed, slot, pos, out_rows, a["attn_norm"], a["wqkv"], a["b_wqkv"], a["q_norm"], a["k_norm"], a["wo"],
-                a["b_wo"], a["mlp_norm"], a["w_gate"], a["b_w_gate"], a["w_down"], a["b_w_down"], norm, head.data,
-                Hq, Hkv, D, np.float32(eps), np.float32(scale), window, cos, sin, kc, vc, logits)
+    return _FORWARD.run(tokens.shape[0] * (st.work + head.n * head.k), SERIAL_FORWARD,
+                        tokens, embed, slot, pos, out_rows, a["attn_norm"], a["wqkv"], a["b_wqkv"], a["q_norm"],
+                        a["k_norm"], a["wo"], a["b_wo"], a["mlp_norm"], a["w_gate"], a["b_w_gate"], a["w_down"],
+                        a["b_w_down"], norm, head.data, Hq, Hkv, D, np.float32(eps), np.float32(scale), window, cos,
+                        sin, kc, vc, logits)

@@ -153,21 +153,27 @@ def _linear(x, w, bias, y):
     return y
 
 
-def serial_build(parallel_kernel):
-    """The same source compiled without threads, for calls too small to pay a thread-pool wake-up.
-    Without fastmath the compiler must keep every rounding as written, so the serial and the
-    parallel build give the same bits (tests compare rows across the switch).
+class TwoBuilds:
+    """A parallel kernel and the same source compiled without threads, for calls too small to pay
+    a thread-pool wake-up: `run(work, limit, *args)` takes the serial build below `limit`
+    multiply-adds. Without fastmath the compiler must keep every rounding as written, so the two
+    builds give the same bits (tests compare rows across the switch).
 
-    The copy gets its own name: numba's disk cache keys entries by function name, line and
+    The serial copy gets its own name: numba's disk cache keys entries by function name, line and
     signature, not by the `parallel` flag, so a same-named serial build would load the cached
     parallel machine code (or the reverse)."""
-    f = parallel_kernel.py_func
-    g = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial", f.__defaults__, f.__closure__)
-    g.__qualname__ = f.__qualname__ + "_serial"
-    return njit(cache=True)(g)
+
+    def __init__(self, parallel_kernel):
+        f = parallel_kernel.py_func
+        g = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial", f.__defaults__, f.__closure__)
+        g.__qualname__ = f.__qualname__ + "_serial"
+        self.parallel, self.serial = parallel_kernel, njit(cache=True)(g)
+
+    def run(self, work: int, limit: int, *args):
+        return (self.serial if work < limit else self.parallel)(*args)
 
 
-_linear_serial = serial_build(_linear)
+_LINEAR = TwoBuilds(_linear)
 SERIAL_WORK = 1 << 18  # multiply-adds below which a call runs on the calling thread (~30 us)
 
 
@@ -178,8 +184,7 @@ def linear_np(x: np.ndarray, w: PackedWeight) -> np.ndarray:
         if w.k == 0:  # an empty chain: +0.0 (+ bias), as the twin
             y[:] = w.bias if w.bias.shape[0] else 0.0
             return y
-        kern = _linear_serial if x.shape[0] * w.n * w.k < SERIAL_WORK else _linear
-        kern(x, w.data, w.bias, y)
+        _LINEAR.run(x.shape[0] * w.n * w.k, SERIAL_WORK, x, w.data, w.bias, y)
     return y
 
 
@@ -412,7 +417,7 @@ def _attention(q, kt, v, slot, pos, scale, window, out):
     return out
 
 
-_attention_serial = serial_build(_attention)
+_ATTENTION = TwoBuilds(_attention)
 
 
 def attention(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
@@ -422,8 +427,8 @@ def attention(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, slot: torch.Te
     if q.shape[0]:
         R, Hq, D = q.shape
         work = R * Hq * D * (int(pos.max()) + 1) * 2
-        (_attention_serial if work < SERIAL_WORK else _attention)(q.contiguous().numpy(), kt.numpy(), v.numpy(), slot.numpy(), pos.numpy(),
-                   np.float32(scale), window, out.numpy())
+        _ATTENTION.run(work, SERIAL_WORK, q.contiguous().numpy(), kt.numpy(), v.numpy(), slot.numpy(), pos.numpy(),
+                       np.float32(scale), window, out.numpy())
     return out
 
 
@@ -577,7 +582,7 @@ def _masked_attention(q, kt, v, mask, scale, out):
     return out
 
 
-_masked_attention_serial = serial_build(_masked_attention)
+_MASKED_ATTENTION = TwoBuilds(_masked_attention)
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: np.ndarray,
@@ -589,6 +594,6 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: np
     if out.numel():
         kt = k.transpose(2, 3).contiguous()
         work = B * Hq * T * D * k.shape[2] * 2
-        kern = _masked_attention_serial if work < SERIAL_WORK else _masked_attention
-        kern(q.contiguous().numpy(), kt.numpy(), v.contiguous().numpy(), mask, np.float32(scale), out.numpy())
+        _MASKED_ATTENTION.run(work, SERIAL_WORK, q.contiguous().numpy(), kt.numpy(), v.contiguous().numpy(), mask,
+                              np.float32(scale), out.numpy())
     return out

@@ -1,13 +1,11 @@
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from models import make_checkpoint  # noqa: E402
+from exactspec.testing import make_checkpoint  # noqa: E402
 
 ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3"]
 

@@ -9,7 +9,7 @@ import torch
 
 import exactspec
 from exactspec.errors import CheckpointError, UnsupportedModelError, WeightError
-from models import random_model
+from exactspec.testing import random_model
 
 
 def _permute(w: torch.Tensor, heads: int) -> torch.Tensor:  # as llama.cpp's converter stores llama q/k rows

@@ -7,7 +7,7 @@ import transformers as tf
 
 import exactspec.hf as H
 from exactspec.errors import InvalidRequest, UnsupportedModelError
-from models import config_for, random_model
+from exactspec.testing import config_for, random_model
 
 tf.logging.set_verbosity_error()
 GREEDY = dict(do_sample=False, eos_token_id=None, pad_token_id=0)

