@@ -18,7 +18,7 @@ from .errors import CheckpointError, InvalidRequest, UnsupportedModelError
 from .gguf_file import GGUFFile
 from .loop import BatchStats, Stats, run_batch
 from .model import DTYPES, Rows, Transformer
-from .request import Request, check_prompt, make_request
+from .request import Limits, Request, check_prompt, make_request
 from .sources import is_gguf, resolve
 from .tokenizer import StreamDecoder, Tokenizer
 from .weights import TensorStore
@@ -68,11 +68,13 @@ class Model:
 
     # -- generation -----------------------------------------------------------------------------
     def request(self, prompt: str | Sequence[int], max_new_tokens: int | None = 128, *, ignore_eos: bool = False,
-                name: str = "prompt", **sampling) -> Request:
-        """A validated Request for this model (text encoded, its EOS ids unless ignore_eos).
-        `sampling`: temperature, top_k, top_p, min_p, repetition_penalty, seed, stop, num_draft_tokens."""
+                name: str = "prompt", limits: Limits | None = None, **sampling) -> Request:
+        """A validated Request for this model (text encoded, its EOS ids unless ignore_eos), checked
+        against `limits` (default: the model's own). `sampling`: temperature, top_k, top_p, min_p,
+        repetition_penalty, seed, stop, num_draft_tokens."""
         eos = () if ignore_eos else self.eos_token_ids
-        return make_request(self.net.limits, self.encode(prompt), max_new_tokens, eos=eos, name=name, **sampling)
+        return make_request(limits or self.net.limits, self.encode(prompt), max_new_tokens, eos=eos, name=name,
+                            **sampling)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int | None = 128, **kw) -> GenerationResult:
         on_text = kw.pop("on_text", None)

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import torch
 
+from .memory import ensure_fits
+
 
 class KVCache:
     def __init__(self, n_layers: int, n_slots: int, n_kv_heads: int, head_dim: int, capacity: int):
+        ensure_fits(2 * n_layers * n_slots * n_kv_heads * head_dim * capacity * 4,
+                    f"a KV cache for {n_slots} sequences x {capacity} positions (max_batch x max_context)",
+                    "max_context")
         self.capacity = capacity
         self.k = torch.zeros(n_layers, n_slots, n_kv_heads, head_dim, capacity)  # (L, S, Hkv, D, C)
         self.v = torch.zeros(n_layers, n_slots, n_kv_heads, capacity, head_dim)  # (L, S, Hkv, C, D)

@@ -5,22 +5,46 @@ from __future__ import annotations
 from functools import lru_cache
 
 import jinja2
+from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import InvalidRequest
+from .errors import ExactSpecError, InvalidRequest
 
 
 class TemplateError(InvalidRequest):
-    pass
+    """The chat template refused or could not render the messages (the client's input)."""
+
+
+class ChatTemplateBroken(ExactSpecError):
+    """The model's chat template itself is broken (the server's configuration, not the client)."""
 
 
 def _raise(message: str) -> None:
-    raise TemplateError(message)
+    raise TemplateError(f"messages: {message}", "messages")
+
+
+MAX_VALUE = 1 << 20  # elements (characters, list items) one `*` may build; digits of a `**` result, roughly
+
+
+class _Env(ImmutableSandboxedEnvironment):
+    """The sandbox, plus bounds on the two operators that build huge values in one step
+    (`'x' * 10**9`, `9 ** 9 ** 9`): range() is already bounded by the sandbox."""
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*":
+            n, seq = (right, left) if isinstance(right, int) else (left, right)
+            if isinstance(n, int) and hasattr(seq, "__len__") and len(seq) * n > MAX_VALUE:
+                raise SecurityError(f"'*' would build {len(seq) * n} elements (limit {MAX_VALUE})")
+        if operator == "**" and isinstance(left, int) and isinstance(right, int) and \
+                abs(right) * max(abs(left), 2).bit_length() > 4 * MAX_VALUE:
+            raise SecurityError(f"'**' would build a number of about {abs(right) * abs(left).bit_length()} bits")
+        return super().call_binop(context, operator, left, right)
 
 
 @lru_cache(maxsize=8)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = _Env(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = _raise
     return env.from_string(source)
 
@@ -40,15 +64,32 @@ def template_source(tokenizer_config: dict) -> str | None:
     return t if isinstance(t, str) else None
 
 
-def render(tokenizer_config: dict, messages: list[dict], add_generation_prompt: bool = True) -> str:
+def render(tokenizer_config: dict, messages: list[dict], add_generation_prompt: bool = True,
+           max_chars: int | None = None) -> str:
+    """The chat prompt as text. Errors: TemplateError (400: the template refused these messages
+    with raise_exception, could not render them, or rendered more than `max_chars`);
+    ChatTemplateBroken (the model's template itself does not compile: the server's fault)."""
     source = template_source(tokenizer_config)
     if source is None:
-        raise TemplateError("this model's tokenizer_config.json has no chat_template; use /v1/completions")
+        raise TemplateError("this model's tokenizer_config.json has no chat_template; use /v1/completions",
+                            "messages")
     try:
-        return _compile(source).render(messages=messages, add_generation_prompt=add_generation_prompt,
+        template = _compile(source)
+    except jinja2.TemplateError as e:
+        raise ChatTemplateBroken(f"the model's chat template does not compile: {e}") from None
+    out, n = [], 0
+    try:  # rendered piece by piece, so a template cannot build a huge string before the limit bites
+        for piece in template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
                                        bos_token=_token(tokenizer_config, "bos_token"),
-                                       eos_token=_token(tokenizer_config, "eos_token"))
+                                       eos_token=_token(tokenizer_config, "eos_token")):
+            n += len(piece)
+            if max_chars is not None and n > max_chars:
+                raise TemplateError(f"messages: the rendered chat prompt exceeds {max_chars} characters", "messages")
+            out.append(piece)
     except TemplateError:
         raise
-    except jinja2.TemplateError as e:
-        raise TemplateError(f"chat template failed: {e}") from None
+    except (jinja2.TemplateError, TypeError, ValueError, OverflowError, MemoryError, RecursionError,
+            AttributeError, KeyError, IndexError) as e:  # the template could not render these messages
+        raise TemplateError(f"messages: the chat template cannot render them ({type(e).__name__}: "
+                            f"{str(e)[:200]})", "messages") from None
+    return "".join(out)

@@ -50,6 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
     v.add_argument("--max-context", type=int, default=None)
     v.add_argument("--threads", type=int, default=None)
+    v.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY on /v1/* "
+                                                   "(default: $EXACTSPEC_API_KEY; none = open)")
+    v.add_argument("--protect-metrics", action="store_true", help="require the key on /health and /metrics too")
+    v.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
+    v.add_argument("--max-stops", type=int, default=16, help="stop strings per request")
+    v.add_argument("--max-stop-chars", type=int, default=256, help="characters per stop string")
+    v.add_argument("--max-prompt-chars", type=int, default=1 << 20, help="characters of a rendered chat prompt")
+    v.add_argument("--allowed-hosts", nargs="+", default=[], help="accepted Host header values (default: any)")
+    v.add_argument("--max-connections", type=int, default=512, help="open connections before 503")
+    v.add_argument("--keep-alive", type=float, default=5.0, help="seconds an idle keep-alive connection stays")
+    v.add_argument("--read-timeout", type=float, default=15.0, help="seconds a request's headers and body may take")
     d = sub.add_parser("demo", help="SmolLM2-135M-Instruct (fetched once): plain vs speculative decoding, "
                                     "identity checked")
     d.add_argument("--max-new-tokens", type=int, default=None, help="default: 160 (SmolLM2), 128 (toy pair)")
@@ -127,13 +138,19 @@ def cmd_diff(a: argparse.Namespace) -> int:
 def cmd_serve(a: argparse.Namespace) -> int:
     from pathlib import Path
 
+    import os
+
     from . import load, set_num_threads
     from .drafters import LookupDrafter
-    from .server import serve
+    from .server import ServeOptions, serve
     if a.threads is not None:
         set_num_threads(a.threads)
-    if a.max_batch < 1 or a.max_queue < 1:
-        raise ExactSpecError(f"--max-batch {a.max_batch} / --max-queue {a.max_queue}: each must be >= 1")
+    opts = ServeOptions(max_batch=a.max_batch, max_queue=a.max_queue,  # checked before anything loads
+                        api_key=a.api_key or os.environ.get("EXACTSPEC_API_KEY") or None,
+                        protect_metrics=a.protect_metrics, max_body_bytes=a.max_body_bytes, max_stops=a.max_stops,
+                        max_stop_chars=a.max_stop_chars, max_prompt_chars=a.max_prompt_chars,
+                        allowed_hosts=tuple(a.allowed_hosts), max_connections=a.max_connections,
+                        keep_alive_s=a.keep_alive, read_timeout_s=a.read_timeout)
     model = load(a.model, dtype=a.dtype, max_context=a.max_context)
     drafter = None
     if a.draft == "lookup":
@@ -143,7 +160,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         drafter = model.make_drafter(draft)
     print(f"exactspec: serving {a.model} on http://{a.host}:{a.port}/v1", file=sys.stderr, flush=True)
     serve(model, a.name or Path(a.model).name.removesuffix(".gguf"), a.host, a.port, drafter, a.num_draft_tokens,
-          a.max_batch, a.max_queue)
+          opts)
     return 0
 
 

@@ -5,12 +5,19 @@ callback as each step commits them.
 Contract: a job's tokens are exactly those of `Model.generate` with the same validated Request
 (batch invariance), whatever else is being decoded beside it. The engine checks no input: a
 Request is validated once, by request.make_request, before it is submitted.
+
+Faults: an exception while stepping one job ends that job only (Batch.step isolates it); the
+job gets a GenerationError naming an error id, and the traceback goes to the log under that id.
+Anything else that goes wrong in the loop fails the jobs it touched and the loop goes on; if the
+thread dies all the same, `alive` turns False and `submit` refuses (the server answers 503).
 """
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -21,7 +28,14 @@ from .model import Transformer
 from .request import Request
 
 
+log = logging.getLogger("exactspec.engine")
+
+
 class QueueFull(Exception):
+    pass
+
+
+class EngineDown(Exception):
     pass
 
 
@@ -42,12 +56,14 @@ class Job:
     created: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
     seq: SeqState | None = None
+    fail_on_purpose: bool = False  # fault injection (tests): stepping this job raises
 
 
 @dataclass
 class EngineStats:  # what /metrics reports beside the server's own counters
     cancelled: int = 0  # jobs ended early: client went away, or a stop string ended it
     cancelled_tokens: int = 0  # tokens those had been given before they were cancelled
+    failed: int = 0  # jobs ended by an internal error
     proposed: int = 0  # draft tokens, finished jobs
     accepted: int = 0
 
@@ -55,7 +71,7 @@ class EngineStats:  # what /metrics reports beside the server's own counters
 class Engine:
     def __init__(self, target: Transformer, drafter: Drafter | None = None, max_batch: int = 8,
                  max_queue: int = 64):
-        self.batch = Batch(target, max_batch, target.max_context, drafter)
+        self.batch = Batch(target, max_batch, target.max_context, drafter, fault=_injected_fault)
         self.max_queue = max_queue
         self.queue: collections.deque[Job] = collections.deque()
         self.active: list[Job] = []
@@ -65,8 +81,14 @@ class Engine:
         self.thread = threading.Thread(target=self._loop, name="exactspec-engine", daemon=True)
         self.thread.start()
 
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive() and not self.stopped
+
     def submit(self, job: Job) -> None:
         with self.cv:
+            if not self.alive:
+                raise EngineDown("the decoding engine is not running")
             if len(self.queue) >= self.max_queue:
                 raise QueueFull(f"request queue is full ({self.max_queue} waiting)")
             self.queue.append(job)
@@ -92,7 +114,14 @@ class Engine:
         return len(self.active)
 
     # -- the engine thread ----------------------------------------------------------------------
-    def _finish(self, job: Job, reason: str, error: GenerationError | None = None) -> None:
+    @staticmethod
+    def _tell(job: Job, ev: Event) -> None:
+        try:
+            job.on_event(ev)
+        except Exception:  # a caller's callback must not take the engine down
+            log.exception("exactspec engine: a job's event callback raised")
+
+    def _finish(self, job: Job, reason: str, error: Exception | None = None) -> None:
         if job in self.active:
             self.active.remove(job)
         st = job.seq.stats if job.seq is not None else None
@@ -102,7 +131,13 @@ class Engine:
         if reason == "cancelled":
             self.stats.cancelled += 1
             self.stats.cancelled_tokens += st.new_tokens if st is not None else 0
-        job.on_event(Event([], reason, st, error))
+        err = None
+        if error is not None:  # the client gets an id; the log gets the traceback under it
+            self.stats.failed += 1
+            eid = uuid.uuid4().hex[:12]
+            log.error("exactspec engine: error %s ended a request", eid, exc_info=error)
+            err = GenerationError(f"internal error while decoding (id {eid}; the server log has the details)")
+        self._tell(job, Event([], reason, st, err))
 
     def _admit(self) -> None:
         """Under the lock: drop cancelled jobs, move queued ones into free slots."""
@@ -114,7 +149,11 @@ class Engine:
             self._finish(job, "cancelled")
         while self.queue and self.batch.has_room:
             job = self.queue.popleft()
-            job.seq = self.batch.add(job.req, tag=job)
+            try:
+                job.seq = self.batch.add(job.req, tag=job)
+            except Exception as e:
+                self._finish(job, "error", e)
+                continue
             self.active.append(job)
 
     def _loop(self) -> None:
@@ -124,20 +163,31 @@ class Engine:
                     self.cv.wait()
                 if self.stopped:
                     return
-                self._admit()
+                try:
+                    self._admit()
+                except Exception as e:  # a bug in admission: fail what is waiting, keep serving
+                    for job in list(self.queue):
+                        self._finish(job, "error", e)
+                    self.queue.clear()
             try:
                 events = self.batch.step()
-            except Exception as e:  # never leave clients hanging on an engine failure
-                err = GenerationError(f"decoding failed: {type(e).__name__}: {e}")
+            except Exception as e:  # Batch.step isolates per-sequence faults; this is anything else
                 with self.cv:
                     for job in list(self.active):
                         self.batch.cancel(job.seq)
-                        self._finish(job, "error", err)
+                        self._finish(job, "error", e)
                 continue
             with self.cv:
                 for s, new in events:
                     job: Job = s.tag
                     if new and not job.cancelled:
-                        job.on_event(Event(new))
+                        self._tell(job, Event(new))
                     if s.finish_reason is not None:
-                        self._finish(job, s.finish_reason)
+                        self._finish(job, s.finish_reason, s.error)
+
+
+def _injected_fault(s: SeqState) -> None:
+    """Fault injection for tests and bench/load.py: a job marked `fail_on_purpose` raises inside
+    the step, as a kernel failure would, once it has two tokens (so a stream fails mid-way)."""
+    if isinstance(s.tag, Job) and s.tag.fail_on_purpose and len(s.generated) >= 2:
+        raise RuntimeError("fault injected for this request (EXACTSPEC_FAULT_MARKER)")

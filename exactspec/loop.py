@@ -77,6 +77,7 @@ class BatchStats:
     draft_forward_passes: int = 0  # the drafter's forwards (a draft model; 0 for prompt lookup)
     cancelled: int = 0  # sequences cancelled before they finished
     cancelled_tokens: int = 0  # tokens those had committed (work done for nobody)
+    failed: int = 0  # sequences ended by an error while they were stepped (finish_reason "error")
     wall_time: float = 0.0
 
     @property
@@ -95,7 +96,8 @@ class SeqState:
     tokens: list[int]  # prompt + generated
     k: int  # draft tokens to ask for at the next step
     tag: object = None  # the caller's handle (engine request, prompt index)
-    finish_reason: str | None = None  # "stop" (EOS) | "length" | "cancelled"
+    finish_reason: str | None = None  # "stop" (EOS) | "length" | "cancelled" | "error"
+    error: Exception | None = None  # what ended it, when finish_reason is "error"
     prefilled: bool = False
     joined_at: float = field(default_factory=time.perf_counter)
     stats: Stats = field(default_factory=Stats)
@@ -111,8 +113,10 @@ class Batch:
     of each newly added sequence and [last token] + drafts of each running one, in one forward;
     thanks to batch invariance no sequence's tokens depend on what else is in the batch."""
 
-    def __init__(self, target: Transformer, n_slots: int, capacity: int, drafter: Drafter | None = None):
+    def __init__(self, target: Transformer, n_slots: int, capacity: int, drafter: Drafter | None = None,
+                 fault: Callable[[SeqState], None] | None = None):
         self.target, self.drafter = target, drafter
+        self.fault = fault  # fault injection for tests: called for every sequence a step feeds; may raise
         self.capacity = min(capacity, target.max_context)
         self.cache = target.new_cache(n_slots, self.capacity)
         self._free = list(range(n_slots - 1, -1, -1))
@@ -151,18 +155,33 @@ class Batch:
 
     def step(self) -> list[tuple[SeqState, list[int]]]:
         """One target forward. Returns (sequence, tokens it committed) for each; sequences that
-        finished (see `finish_reason`) have left the batch when it returns."""
+        finished (see `finish_reason`) have left the batch when it returns. An exception while
+        stepping one sequence ends that sequence only (finish_reason "error", `error` set)."""
         live = self.running
-        if not live:
-            return []
-        new = [s for s in live if not s.prefilled]
-        old = [s for s in live if s.prefilled]
-        drafts = self._propose(old)
-        logits = self._rows(new, old, drafts).forward(self.target, self.cache)
-        self.stats.forward_passes += 1
-        out = self._accept(new, old, drafts, logits)
+        out = self._step(live) if live else []
         self._release()  # finished sequences leave now; their slots take the next arrivals
         return out
+
+    def _step(self, live: list[SeqState]) -> list[tuple[SeqState, list[int]]]:
+        # If the shared part (drafting, the forward) raises, every sequence is stepped again
+        # alone: batch invariance makes that the same tokens, and only one that fails alone fails.
+        # (Keys a failed forward wrote are past the valid lengths: garbage that is overwritten.)
+        new = [s for s in live if not s.prefilled]
+        old = [s for s in live if s.prefilled]
+        try:
+            drafts = self._propose(old)
+            logits = self._rows(new, old, drafts).forward(self.target, self.cache)
+        except Exception as e:
+            if len(live) > 1:
+                return [x for s in live for x in self._step([s])]
+            self._fail(live[0], e)
+            return [(live[0], [])]
+        self.stats.forward_passes += 1
+        return self._accept(new, old, drafts, logits)
+
+    def _fail(self, s: SeqState, e: Exception) -> None:
+        s.finish_reason, s.error = "error", e
+        self.stats.failed += 1
 
     # -- the steps of `step` ------------------------------------------------------------------
     def _propose(self, old: list[SeqState]) -> list[list[int]]:
@@ -178,13 +197,15 @@ class Batch:
         self.stats.draft_forward_passes += self.drafter.forward_passes - before
         return drafts
 
-    @staticmethod
-    def _rows(new: list[SeqState], old: list[SeqState], drafts: list[list[int]]) -> Rows:
+    def _rows(self, new: list[SeqState], old: list[SeqState], drafts: list[list[int]]) -> Rows:
         rows = Rows()
         for s in new:  # the whole prompt; only its last row's logits are needed
             rows.add(s.slot, s.tokens, 0)
         for s, d in zip(old, drafts):  # [last token] + drafts at positions len-1, len, ...
             rows.add(s.slot, [s.tokens[-1]] + d, len(s.tokens) - 1, all_logits=True)
+        if self.fault is not None:
+            for s in new + old:
+                self.fault(s)
         return rows
 
     def _accept(self, new: list[SeqState], old: list[SeqState], drafts: list[list[int]],
@@ -193,12 +214,24 @@ class Batch:
         out = []
         for i, s in enumerate(new):
             s.prefilled = True
-            out.append((s, self._commit(s, [pick(logits[i], s.req.params, len(s.tokens), s.tokens)])))
+            try:
+                t = pick(logits[i], s.req.params, len(s.tokens), s.tokens)
+            except Exception as e:  # nothing of s was changed: fail s alone
+                self._fail(s, e)
+                out.append((s, []))
+                continue
+            out.append((s, self._commit(s, [t])))
         r = len(new)
         for s, d in zip(old, drafts):
             n = len(s.tokens)
-            choice = pick_rows(logits[r: r + len(d) + 1], s.req.params, range(n, n + len(d) + 1), s.tokens, d)
-            r += len(d) + 1
+            try:
+                choice = pick_rows(logits[r: r + len(d) + 1], s.req.params, range(n, n + len(d) + 1), s.tokens, d)
+            except Exception as e:
+                self._fail(s, e)
+                out.append((s, []))
+                continue
+            finally:
+                r += len(d) + 1
             a = 0
             while a < len(d) and d[a] == choice[a]:
                 a += 1

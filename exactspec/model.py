@@ -22,6 +22,7 @@ from . import kernels as K
 from .cache import KVCache
 from .config import ModelConfig
 from .errors import UnsupportedModelError
+from .memory import ensure_fits
 from .request import Limits
 from .weights import TensorStore
 
@@ -84,6 +85,7 @@ class Transformer:
         self.max_context = max_context
         wd = DTYPES[dtype]
         H, D, Hq, Hkv, I = cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size
+        ensure_fits(2 * max_context * D * 4, f"RoPE tables for max_context={max_context}", "max_context")
         if cfg.n_layers < 1:
             raise UnsupportedModelError(f"num_hidden_layers={cfg.n_layers}: at least one layer is needed")
         if Hq % Hkv:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import ContextLengthError, InvalidRequest
 
@@ -34,9 +34,11 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 
 
 def validation_message(errors: list[dict]) -> tuple[str, str | None]:
-    """pydantic's first error as (message, field path)."""
-    e = errors[0] if errors else {}
-    where = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+    """pydantic's deepest error (for a union, the branch that got furthest) as (message, field path)."""
+    e = max(errors, key=lambda e: len(e.get("loc", ()))) if errors else {}
+    union_tags = {"body", "str", "int", "float", "bool", "dict", "list"}  # pydantic names union branches in loc
+    where = ".".join(str(x) for x in e.get("loc", ()) if isinstance(x, int) or
+                     (x not in union_tags and x.isidentifier() and not x[:1].isupper()))
     msg = e.get("msg", "invalid request")
     if e.get("type") == "json_invalid":
         msg = f"request body is not valid JSON ({e.get('ctx', {}).get('error', msg)})"
@@ -68,15 +70,27 @@ class CompletionRequest(_Sampling):
     prompt: str | list[int]
 
 
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _text_part_has_text(self) -> "ContentPart":
+        if self.type == "text" and self.text is None:
+            raise ValueError("a content part of type 'text' needs a string 'text'")
+        return self
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: str
-    content: str | list[dict] | None = None
+    content: str | list[ContentPart] | None = None
 
     def text(self) -> str:
         """The content as text: a string, or the text parts of [{"type": "text", "text": ...}, ...]."""
         if isinstance(self.content, list):
-            return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+            return "".join(p.text or "" for p in self.content if p.type == "text")
         return self.content or ""
 
 

@@ -18,9 +18,12 @@ from .sampling import SamplingParams
 
 @dataclass(frozen=True)
 class Limits:
-    """What a request is checked against: the target's vocabulary and its context (max_context)."""
+    """What a request is checked against: the target's vocabulary and its context (max_context),
+    and what a server allows (stop strings: how many, how long; None = no limit)."""
     vocab_size: int
     max_context: int
+    max_stops: int | None = None
+    max_stop_chars: int | None = None
 
 
 class DraftLength:
@@ -110,4 +113,8 @@ def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     if not all(isinstance(s, str) for s in stops):
         raise InvalidRequest(f"stop={stop!r}: must be a string or a list of strings", "stop")
+    if limits.max_stops is not None and len(stops) > limits.max_stops:
+        raise InvalidRequest(f"stop: {len(stops)} stop strings; at most {limits.max_stops} are allowed", "stop")
+    if limits.max_stop_chars is not None and any(len(s) > limits.max_stop_chars for s in stops):
+        raise InvalidRequest(f"stop: a stop string is longer than {limits.max_stop_chars} characters", "stop")
     return Request(ids, params, max_new_tokens, eos_ids, tuple(s for s in stops if s), DraftLength(num_draft_tokens))

@@ -1,16 +1,28 @@
 """OpenAI-compatible HTTP server (FastAPI + uvicorn) over the continuous-batching engine.
 
 Endpoints: /v1/models, /v1/completions, /v1/chat/completions (SSE streaming or not), /health,
-/metrics (Prometheus). Errors are OpenAI-style JSON bodies with 4xx codes; the server keeps
-serving. The `model` field is matched against the served name only: nothing a client sends is
-ever opened as a file. Wire shapes live in protocol.py; inputs are checked once, by
-Model.request (request.make_request).
+/metrics (Prometheus). Errors are OpenAI-style JSON bodies; the server keeps serving. The `model`
+field is matched against the served name only: nothing a client sends is ever opened as a file.
+Wire shapes live in protocol.py; inputs are checked once, by Model.request (request.make_request).
+
+Hardening (`ServeOptions`): an optional API key on /v1/* (and on /health, /metrics with
+protect_metrics); a request-body limit (413); stop-string and rendered-template limits (400);
+tokenizing and template rendering in worker threads, so /health answers while a big request is
+prepared; one request's fault ends that request only (500 with an error id; a stream ends with an
+error event and [DONE]); a dead engine makes /health and new requests 503 instead of hanging;
+a non-streaming client that disconnects cancels its generation; /metrics labels routes by their
+template; uvicorn with keep-alive and request-read timeouts and a connection limit.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hmac
+import logging
+import os
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request as HTTPRequest
@@ -18,23 +30,50 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from . import chat
 from .api import Model
 from .drafters import Drafter
-from .engine import Engine, Event, Job, QueueFull
+from .engine import Engine, EngineDown, Event, Job, QueueFull
 from .errors import ExactSpecError, InvalidRequest
 from .protocol import (DONE, APIError, ChatRequest, CompletionRequest, Shapes, _Sampling, error_body,
-                       refuse_unsupported, usage, validation_message)
+                       refuse_unsupported, sse, usage, validation_message)
 from .request import DraftLength, Request
 from .tokenizer import StopMatcher, StreamDecoder
+
+log = logging.getLogger("exactspec.server")
+FAULT_MARKER = "EXACTSPEC_FAULT_MARKER"  # env var (tests, bench/load.py): prompts containing it fail in the engine
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What `exactspec serve` lets an operator set; every limit answers with a clear 4xx."""
+    max_batch: int = 8  # sequences decoded together
+    max_queue: int = 64  # waiting requests before 429
+    api_key: str | None = None  # required as `Authorization: Bearer KEY` on /v1/*
+    protect_metrics: bool = False  # the key on /health and /metrics too
+    max_body_bytes: int = 1 << 20  # 413 above
+    max_stops: int = 16  # stop strings per request
+    max_stop_chars: int = 256  # characters per stop string
+    max_prompt_chars: int = 1 << 20  # a rendered chat prompt's characters
+    allowed_hosts: tuple[str, ...] = ()  # Host header values accepted (empty: any)
+    max_connections: int = 512  # uvicorn's limit_concurrency: 503 above
+    keep_alive_s: float = 5.0  # idle keep-alive connections close after this
+    read_timeout_s: float = 15.0  # a request's headers and body must arrive within this
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0:
+                raise InvalidRequest(f"--{f.name.replace('_', '-')} {v}: must be > 0", f.name)
 
 
 class Metrics:
     def __init__(self, engine: Engine):
         self.registry = r = CollectorRegistry()
-        self.requests = Counter("exactspec_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
-                                registry=r)
+        self.requests = Counter("exactspec_requests", "HTTP requests by route (template, not raw path) and status",
+                                ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("exactspec_prompt_tokens", "Prompt tokens processed", registry=r)
         self.generated = Counter("exactspec_generated_tokens", "Tokens generated", registry=r)
         self.latency = Histogram("exactspec_request_latency_seconds", "Request latency", registry=r,
@@ -53,6 +92,10 @@ class Metrics:
               registry=r).set_function(lambda: engine.stats.cancelled)
         Gauge("exactspec_cancelled_tokens", "Tokens generated for requests that were then cancelled",
               registry=r).set_function(lambda: engine.stats.cancelled_tokens)
+        Gauge("exactspec_failed_requests", "Requests ended by an internal error (see the log by error id)",
+              registry=r).set_function(lambda: engine.stats.failed)
+        Gauge("exactspec_engine_alive", "1 while the decoding engine thread runs", registry=r).set_function(
+            lambda: float(engine.alive))
         Gauge("exactspec_acceptance_rate", "Accepted / proposed draft tokens", registry=r).set_function(
             lambda: engine.stats.accepted / engine.stats.proposed if engine.stats.proposed else 0.0)
 
@@ -60,23 +103,38 @@ class Metrics:
 class Generation:
     """One request's life on the event loop: submit, stream text pieces, cancel on disconnect."""
 
-    def __init__(self, app: "Server", req: Request):
+    def __init__(self, app: "Server", req: Request, fail_on_purpose: bool = False):
         self.app, self.loop = app, asyncio.get_running_loop()
         self.q: asyncio.Queue[Event] = asyncio.Queue()
-        self.job = Job(req, self._event)
+        self.job = Job(req, self._event, fail_on_purpose=fail_on_purpose)
         self.completion_tokens = 0  # tokens this client was given (up to a stop string)
         self.first_token_at: float | None = None
         self.finish_reason: str | None = None
 
     def _event(self, ev: Event) -> None:  # engine thread
-        self.loop.call_soon_threadsafe(self.q.put_nowait, ev)
+        try:
+            self.loop.call_soon_threadsafe(self.q.put_nowait, ev)
+        except RuntimeError:  # the event loop is closed (server shutting down)
+            pass
+
+    async def _next(self) -> Event:
+        """The engine's next event; never waits on a dead engine."""
+        while True:
+            try:
+                return await asyncio.wait_for(self.q.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                if not self.app.engine.alive:
+                    raise APIError(503, "the decoding engine stopped; retry later", "server_error") from None
 
     async def pieces(self) -> AsyncIterator[str]:
-        self.app.engine.submit(self.job)
+        try:
+            self.app.engine.submit(self.job)
+        except EngineDown as e:
+            raise APIError(503, f"{e}; retry later", "server_error") from None
         dec, stop = StreamDecoder(self.app.model.tokenizer), StopMatcher(list(self.job.req.stop))
         try:
             while True:
-                ev = await self.q.get()
+                ev = await self._next()
                 if ev.tokens:
                     if self.first_token_at is None:
                         self.first_token_at = time.perf_counter()
@@ -110,41 +168,65 @@ class Generation:
 
 class Server:
     def __init__(self, model: Model, name: str, drafter: Drafter | None = None, num_draft_tokens: int | str = 4,
-                 max_batch: int = 8, max_queue: int = 64):
+                 opts: ServeOptions = ServeOptions()):
         if model.tokenizer is None:
             raise ExactSpecError(f"{model.folder}: serving needs a tokenizer (tokenizer.json or GGUF metadata)")
-        self.model, self.name = model, name
+        self.model, self.name, self.opts = model, name, opts
         self.num_draft_tokens = num_draft_tokens if drafter is not None else 0
         DraftLength(self.num_draft_tokens)  # a bad k fails at start, not in every request
-        self.engine = Engine(model.net, drafter, max_batch, max_queue)
+        self.limits = dataclasses.replace(model.net.limits, max_stops=opts.max_stops,
+                                          max_stop_chars=opts.max_stop_chars)
+        self.fault_marker = os.environ.get(FAULT_MARKER) or None
+        self.engine = Engine(model.net, drafter, opts.max_batch, opts.max_queue)  # the KV cache: checked to fit
         self.metrics = Metrics(self.engine)
         self.app = self._build()
 
     def _request(self, r: _Sampling, prompt: str | list[int], max_tokens: int | None) -> Request:
-        """The one validated Request for this body (400 naming the field otherwise)."""
+        """The one validated Request for this body (400 naming the field otherwise). Runs in a
+        worker thread: it tokenizes."""
+        return self.model.request(prompt, max_tokens, ignore_eos=r.ignore_eos, temperature=r.temperature,
+                                  top_k=r.top_k, top_p=r.top_p, min_p=r.min_p, repetition_penalty=r.repetition_penalty,
+                                  seed=r.seed, stop=r.stop, num_draft_tokens=self.num_draft_tokens,
+                                  limits=self.limits)
+
+    def _check_body(self, r: _Sampling) -> None:
         refuse_unsupported(r)
         if r.n != 1:
             raise APIError(400, f"n={r.n}: only n=1 is supported", param="n")
         if r.model is not None and r.model != self.name:
             raise APIError(404, f"The model '{r.model}' does not exist (this server serves '{self.name}')",
                            code="model_not_found", param="model")
-        return self.model.request(prompt, max_tokens, ignore_eos=r.ignore_eos, temperature=r.temperature,
-                                  top_k=r.top_k, top_p=r.top_p, min_p=r.min_p, repetition_penalty=r.repetition_penalty,
-                                  seed=r.seed, stop=r.stop, num_draft_tokens=self.num_draft_tokens)
 
-    async def _respond(self, kind: str, r: _Sampling, req: Request):
+    def _chat_prompt(self, r: ChatRequest) -> list[int]:
+        """Template rendering and tokenizing, in a worker thread (both can be slow)."""
+        messages = [{"role": msg.role, "content": msg.text()} for msg in r.messages]
+        text = chat.render(self.model.tokenizer.config, messages, max_chars=self.opts.max_prompt_chars)
+        return self.model.tokenizer.encode(text, add_special_tokens=False)
+
+    def _marked(self, text: str) -> bool:
+        return self.fault_marker is not None and self.fault_marker in text
+
+    async def _respond(self, kind: str, r: _Sampling, req: Request, http: HTTPRequest, fail: bool):
         self.metrics.prompt_tokens.inc(len(req.prompt))
-        g = Generation(self, req)
+        g = Generation(self, req, fail)
         shapes = Shapes(kind, ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex, int(time.time()),
                         self.name)
         n_prompt = len(req.prompt)
         if not r.stream:
-            text = "".join([p async for p in g.pieces()])
+            task = asyncio.ensure_future(_collect(g.pieces()))
+            while not task.done():  # a client that hangs up cancels its generation and frees the slot
+                await asyncio.wait({task}, timeout=0.5)
+                if not task.done() and await http.is_disconnected():
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                    return JSONResponse(error_body("client disconnected", "invalid_request_error"),
+                                        status_code=499)
+            text = task.result()
             return JSONResponse(shapes.whole(text, g.finish_reason, usage(n_prompt, g.completion_tokens)))
         pieces = g.pieces()
         first = await anext(pieces, None)  # errors before the first byte still get a status code
 
-        async def sse() -> AsyncIterator[bytes]:
+        async def stream() -> AsyncIterator[bytes]:
             try:
                 if first is not None:
                     yield shapes.chunk(first)
@@ -153,22 +235,24 @@ class Server:
                 yield shapes.chunk("", g.finish_reason)
                 if r.include_usage:
                     yield shapes.chunk(usage=usage(n_prompt, g.completion_tokens))
-                yield DONE
+            except APIError as e:  # mid-stream: the status is sent; end with an error event
+                yield sse(error_body(e.message, e.type, e.param, e.code))
+            except Exception:
+                eid = uuid.uuid4().hex[:12]
+                log.exception("exactspec server: error %s in a stream", eid)
+                yield sse(error_body(f"internal error (id {eid})", "server_error"))
             finally:
                 await pieces.aclose()  # on disconnect this cancels the request and frees its slot
+            yield DONE
 
-        return StreamingResponse(sse(), media_type="text/event-stream")
+        return StreamingResponse(stream(), media_type="text/event-stream")
 
     # -- the app --------------------------------------------------------------------------------
     def _build(self) -> FastAPI:
-        app = FastAPI(title="exactspec", docs_url=None, redoc_url=None)
-        m = self.metrics
-
-        @app.middleware("http")
-        async def count(request: HTTPRequest, call_next):
-            resp = await call_next(request)
-            m.requests.labels(request.url.path, str(resp.status_code)).inc()
-            return resp
+        app = FastAPI(title="exactspec", docs_url=None, redoc_url=None, openapi_url=None)
+        m, opts = self.metrics, self.opts
+        if opts.allowed_hosts:
+            app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(opts.allowed_hosts))
 
         @app.exception_handler(RequestValidationError)
         async def invalid(_: HTTPRequest, exc: RequestValidationError):
@@ -189,6 +273,10 @@ class Server:
             return JSONResponse(error_body(f"server busy: {exc}; retry later", "rate_limit_error"), status_code=429,
                                 headers={"Retry-After": "1"})
 
+        @app.exception_handler(chat.ChatTemplateBroken)
+        async def broken(_: HTTPRequest, exc: chat.ChatTemplateBroken):
+            return JSONResponse(error_body(str(exc), "server_error"), status_code=500)
+
         @app.exception_handler(ExactSpecError)
         async def ours(_: HTTPRequest, exc: ExactSpecError):
             return JSONResponse(error_body(str(exc), "invalid_request_error"), status_code=400)
@@ -197,9 +285,19 @@ class Server:
         async def http(_: HTTPRequest, exc: HTTPException):
             return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), status_code=exc.status_code)
 
+        @app.exception_handler(Exception)
+        async def internal(_: HTTPRequest, exc: Exception):
+            eid = uuid.uuid4().hex[:12]
+            log.error("exactspec server: error %s", eid, exc_info=exc)
+            return JSONResponse(error_body(f"internal error (id {eid}; the server log has the details)",
+                                           "server_error"), status_code=500)
+
         @app.get("/health")
-        async def health() -> dict:
-            return {"status": "ok", "running": self.engine.running, "queued": self.engine.queued}
+        async def health() -> JSONResponse:
+            e = self.engine
+            body = {"status": "ok" if e.alive else "engine stopped", "engine_alive": e.alive, "running": e.running,
+                    "queued": e.queued, "max_queue": e.max_queue}
+            return JSONResponse(body, status_code=200 if e.alive else 503)
 
         @app.get("/metrics")
         async def metrics() -> PlainTextResponse:
@@ -211,25 +309,110 @@ class Server:
                                                 "owned_by": "exactspec"}]}
 
         @app.post("/v1/completions")
-        async def completions(r: CompletionRequest) -> Any:
-            req = self._request(r, r.prompt, r.max_tokens if r.max_tokens is not None else 16)
-            return await self._respond("text", r, req)
+        async def completions(r: CompletionRequest, http: HTTPRequest) -> Any:
+            self._check_body(r)
+            req = await asyncio.to_thread(self._request, r, r.prompt, r.max_tokens if r.max_tokens is not None else 16)
+            fail = isinstance(r.prompt, str) and self._marked(r.prompt)
+            return await self._respond("text", r, req, http, fail)
 
         @app.post("/v1/chat/completions")
-        async def chat_completions(r: ChatRequest) -> Any:
-            messages = [{"role": msg.role, "content": msg.text()} for msg in r.messages]
-            text = chat.render(self.model.tokenizer.config, messages)
-            prompt = self.model.tokenizer.encode(text, add_special_tokens=False)
-            return await self._respond("chat", r, self._request(r, prompt, r.max_completion_tokens or r.max_tokens))
+        async def chat_completions(r: ChatRequest, http: HTTPRequest) -> Any:
+            self._check_body(r)
+            prompt = await asyncio.to_thread(self._chat_prompt, r)
+            req = await asyncio.to_thread(self._request, r, prompt, r.max_completion_tokens or r.max_tokens)
+            fail = any(self._marked(msg.text()) for msg in r.messages)
+            return await self._respond("chat", r, req, http, fail)
 
-        return app
+        return Guard(BodyLimit(app, opts.max_body_bytes), opts, m)
+
+
+async def _collect(pieces: AsyncIterator[str]) -> str:
+    return "".join([p async for p in pieces])
+
+
+class Guard:
+    """ASGI middleware: the API key (401, constant-time compare) and the per-route request count
+    (labelled by the matched route's template, never by the raw path a client sent)."""
+
+    def __init__(self, app, opts: ServeOptions, metrics: Metrics):
+        self.app, self.metrics, self.protect_all = app, metrics, opts.protect_metrics
+        self.key = opts.api_key.encode() if opts.api_key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = []
+
+        async def send_status(msg):
+            if msg["type"] == "http.response.start":
+                status.append(msg["status"])
+            await send(msg)
+        if self.key is not None and (scope["path"].startswith("/v1/") or self.protect_all):
+            auth = dict(scope.get("headers") or []).get(b"authorization", b"")
+            given = auth[7:] if auth[:7].lower() == b"bearer " else b""
+            if not hmac.compare_digest(given, self.key):
+                resp = JSONResponse(error_body("Incorrect API key provided (send Authorization: Bearer KEY)",
+                                               "invalid_request_error", code="invalid_api_key"), status_code=401,
+                                    headers={"WWW-Authenticate": "Bearer"})
+                await resp(scope, receive, send_status)
+                self.metrics.requests.labels("(unauthorized)", "401").inc()
+                return
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = getattr(scope.get("route"), "path", "(unmatched)")
+            self.metrics.requests.labels(route, str(status[0] if status else 500)).inc()
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `limit` bytes gets 413 before the app parses any of it
+    (by Content-Length, or by counting a chunked body as it arrives)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        too_big = length is not None and (not length.isdigit() or int(length) > self.limit)
+        chunks, n = [], 0
+        while not too_big:  # read the body (bounded) before the app sees it
+            msg = await receive()
+            if msg["type"] != "http.request":
+                chunks.append(msg)
+                break
+            n += len(msg.get("body", b""))
+            chunks.append(msg)
+            too_big = n > self.limit
+            if not msg.get("more_body"):
+                break
+        if too_big:
+            resp = JSONResponse(error_body(f"request body exceeds {self.limit} bytes", "invalid_request_error"),
+                                status_code=413)
+            return await resp(scope, receive, send)
+
+        async def replay():
+            return chunks.pop(0) if chunks else await receive()
+        await self.app(scope, replay, send)
+
+
+def uvicorn_config(app, host: str, port: int, opts: ServeOptions):
+    """uvicorn with the limits for slow or many clients: idle keep-alive and request-read timeouts,
+    a connection limit (503 above), 16 KB of headers at most."""
+    import uvicorn
+    from .slow_clients import ReadTimeoutH11
+    proto = type("ReadTimeoutH11", (ReadTimeoutH11,), {"read_timeout_s": opts.read_timeout_s})
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2,
+                          timeout_keep_alive=max(1, round(opts.keep_alive_s)), limit_concurrency=opts.max_connections,
+                          h11_max_incomplete_event_size=16 * 1024, http=proto)
 
 
 def serve(model: Model, name: str, host: str, port: int, drafter: Drafter | None, num_draft_tokens: int | str,
-          max_batch: int, max_queue: int) -> None:
+          opts: ServeOptions = ServeOptions()) -> None:
     import uvicorn
-    s = Server(model, name, drafter, num_draft_tokens, max_batch, max_queue)
+    s = Server(model, name, drafter, num_draft_tokens, opts)
     try:
-        uvicorn.run(s.app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+        uvicorn.Server(uvicorn_config(s.app, host, port, opts)).run()
     finally:
         s.engine.stop()

@@ -274,8 +274,8 @@ def _cli_main(argv):
 @pytest.mark.parametrize("args,message", [
     (["generate", "--prompt", "x", "--threads", "0"], "threads=0"),
     (["serve", "--threads", "0"], "threads=0"),
-    (["serve", "--max-queue", "0"], "--max-queue 0"),
-    (["serve", "--max-batch", "0"], "--max-batch 0"),
+    (["serve", "--max-queue", "0"], "--max-queue 0: must be > 0"),
+    (["serve", "--max-batch", "0"], "--max-batch 0: must be > 0"),
     (["generate", "--prompt", "x", "--temperature", "-1"], "temperature=-1.0"),
     (["generate", "--prompt", "x", "--top-p", "2"], "top_p=2.0"),
     (["generate", "--prompt", "x", "--seed", "-4"], "seed=-4"),

@@ -1,10 +1,8 @@
 """The real server on a loopback port, driven by the official `openai` client and raw HTTP."""
 import concurrent.futures as cf
 import json
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
@@ -13,17 +11,13 @@ import pytest
 
 import exactspec
 from exactspec import chat
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from exactspec.server import ServeOptions
+from serving import InProcess, free_port
 
 
 class Running:
     def __init__(self, folder, *extra):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, "-m", "exactspec.cli", "serve", "--model", str(folder),
                                       "--port", str(self.port), "--name", "tiny", *extra],
@@ -181,61 +175,8 @@ def test_metrics_are_prometheus_text(server):
         assert name in text, name
 
 
-class Gated:
-    """The target Transformer, but a forward runs only while the gate is open or with a permit
-    the test hands out (`step()`): the test, not the clock, decides when the engine may step."""
-
-    def __init__(self, net):
-        self.net, self.open, self.permits = net, threading.Event(), threading.Semaphore(0)
-
-    def __getattr__(self, name):
-        return getattr(self.net, name)
-
-    def step(self) -> None:
-        self.permits.release()
-
-    def forward(self, *args, **kw):
-        deadline = time.time() + 60
-        while not self.open.is_set() and not self.permits.acquire(timeout=0.01):
-            assert time.time() < deadline, "the test never let the engine step"
-        return self.net.forward(*args, **kw)
-
-
-class InProcess:
-    """The app of exactspec.server on uvicorn in a thread of this process, target gated."""
-
-    def __init__(self, folder, **kw):
-        import uvicorn
-        from exactspec.server import Server
-        model = exactspec.load(folder)
-        self.gate = model.net = Gated(model.net)
-        self.srv = Server(model, "tiny", **kw)
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.uv = uvicorn.Server(uvicorn.Config(self.srv.app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.uv.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.uv.started:
-            assert time.time() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
-
-    def until(self, what, check):
-        deadline = time.time() + 30
-        while not check():
-            if time.time() > deadline:
-                pytest.fail(f"never saw {what}")
-            time.sleep(0.005)
-
-    def stop(self):
-        self.gate.open.set()
-        self.uv.should_exit = True
-        self.thread.join(10)
-        self.srv.engine.stop()
-
-
 def test_disconnect_frees_the_slot_and_full_queue_answers_429(folder):
-    s = InProcess(folder, max_batch=1, max_queue=1)
+    s = InProcess(folder, ServeOptions(max_batch=1, max_queue=1))
     eng = s.srv.engine
     try:
         s.gate.step()
