@@ -1,16 +1,22 @@
 """Load test of `exactspec serve`, on loopback only, bounded in requests and time.
 
-    python bench/load.py [--model demo/target] [--draft demo/draft] [--clients 16 64] [--seconds 60]
+    python bench/load.py [--model demo/target] [--draft demo/draft] [--clients 16 64] [--requests 3]
+                         [--disconnect-every 7] [--fault]
 
-Starts the server, then for each client count N: N concurrent streaming clients send requests
-until the time is up. Prints requests completed, errors (must be 0), p50/p99 time to first token
-and per-token latency, aggregate tokens/s against the same requests served one at a time, and
-checks that every response equals the same request run alone.
+Starts the server, then for each client count N: N concurrent streaming clients send --requests
+requests each (or until --seconds run out). Every --disconnect-every-th request hangs up after
+its first chunk; with --fault, one request per round carries the server's fault marker and must
+fail alone (an SSE error event, then [DONE]). Prints requests completed, disconnects, errors
+(injected / unexpected: the latter must be 0), p50/p99 latency and time to first token,
+aggregate tokens/s against the same requests served one at a time, and whether every completed
+response equals the same request run alone.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import json
+import os
 import socket
 import subprocess
 import sys
@@ -48,6 +54,32 @@ def stream_one(client: openai.OpenAI, i: int) -> tuple[str, float, list[float], 
     return "".join(text), ttft or 0.0, gaps, n
 
 
+MARKER = "FAULT-HERE"
+
+
+def stream_raw(url: str, i: int, hang_up: bool, fault: bool) -> tuple[str, str | None]:
+    """One streaming request over raw HTTP: ("text", None), ("", "disconnected") or (partial, error message)."""
+    body = {"model": "m", "stream": True, **request(i)}
+    body.update(body.pop("extra_body"))
+    if fault:
+        body["prompt"] = MARKER + " " + body["prompt"]
+        body["temperature"] = 0.0
+    text = []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=300) as r:
+        if r.status_code != 200:
+            return "", f"HTTP {r.status_code}: {r.read()[:200]!r}"
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if "error" in ev:
+                return "".join(text), ev["error"]["message"]
+            text.append(ev["choices"][0]["text"] if ev["choices"] else "")
+            if hang_up:
+                return "", "disconnected"
+    return "".join(text), None
+
+
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
@@ -58,8 +90,11 @@ def main() -> None:
     ap.add_argument("--model", default=str(demo_folder() / "target"))
     ap.add_argument("--draft", default=str(demo_folder() / "draft"))
     ap.add_argument("--clients", type=int, nargs="+", default=[16, 64])
-    ap.add_argument("--seconds", type=float, default=45)
+    ap.add_argument("--requests", type=int, default=3, help="requests per client and round")
+    ap.add_argument("--seconds", type=float, default=120, help="a round stops sending after this")
     ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--disconnect-every", type=int, default=7, help="every n-th request hangs up (0: none)")
+    ap.add_argument("--fault", action="store_true", help="one request per round fails inside the engine")
     a = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -68,7 +103,8 @@ def main() -> None:
            "--max-batch", str(a.max_batch), "--max-queue", "256", "--dtype", "bfloat16"]
     if a.draft:
         cmd += ["--draft", a.draft, "--num-draft-tokens", "4"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    env = dict(os.environ, EXACTSPEC_FAULT_MARKER=MARKER) if a.fault else None
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
@@ -78,6 +114,8 @@ def main() -> None:
             except httpx.HTTPError:
                 time.sleep(0.2)
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
+        stream_one(client, 0)  # warm up: the first requests compile kernels for their shapes
+        stream_raw(url, 1, False, False)
         # reference: each distinct request alone, one at a time
         alone, t0, toks = {}, time.perf_counter(), 0
         for i in range(2 * len(PROMPTS)):
@@ -87,32 +125,49 @@ def main() -> None:
         serial_tps = toks / (time.perf_counter() - t0)
         print(f"server: {Path(a.model).name}{' + draft ' + Path(a.draft).name if a.draft else ''}, "
               f"max batch {a.max_batch}; one request at a time: {serial_tps:.1f} tok/s")
-        print(f"{'clients':>7} {'done':>5} {'errors':>6} {'ttft p50':>9} {'ttft p99':>9} {'tok p50':>8} "
-              f"{'tok p99':>8} {'tok/s':>7} {'vs serial':>9} identical")
+        print(f"{'clients':>7} {'done':>5} {'hung up':>7} {'injected':>8} {'errors':>6} {'lat p50':>8} {'lat p99':>8} "
+              f"{'ttft p50':>8} {'ttft p99':>8} {'tok/s':>7} {'vs serial':>9}  identical to solo")
         for n_clients in a.clients:
             deadline = time.perf_counter() + a.seconds
-            results, errors = [], 0
+            results, hung, injected, errors = [], [0], [0], []
 
             def worker(w: int) -> None:
-                nonlocal errors
-                j = w
-                while time.perf_counter() < deadline:
+                for r in range(a.requests):
+                    j = w + r * n_clients
+                    if time.perf_counter() > deadline:
+                        return
+                    hang = bool(a.disconnect_every) and j % a.disconnect_every == a.disconnect_every - 1
+                    fault = a.fault and j == 1
                     try:
-                        results.append((j, *stream_one(client, j)))
-                    except Exception:
-                        errors += 1
-                    j += n_clients
+                        if hang or fault:
+                            _, err = stream_raw(url, j, hang, fault)
+                            if err == "disconnected":
+                                hung[0] += 1
+                            elif fault and err is not None and "internal error" in err:
+                                injected[0] += 1
+                            else:
+                                errors.append(err or "the injected fault did not fail")
+                            continue
+                        t = time.perf_counter()
+                        text, ttft, gaps, n = stream_one(client, j)
+                        results.append((j, text, ttft, time.perf_counter() - t, n))
+                    except Exception as e:
+                        errors.append(f"{type(e).__name__}: {e}")
             t0 = time.perf_counter()
             with cf.ThreadPoolExecutor(n_clients) as ex:
                 list(ex.map(worker, range(n_clients)))
             dt = time.perf_counter() - t0
             ttfts = [r[2] for r in results]
-            gaps = [g for r in results for g in r[3]]
+            lats = [r[3] for r in results]
             tps = sum(r[4] for r in results) / dt
             same = all(r[1] == alone[r[0] % (2 * len(PROMPTS))] for r in results)
-            print(f"{n_clients:7d} {len(results):5d} {errors:6d} {pct(ttfts, .5) * 1e3:8.0f}ms {pct(ttfts, .99) * 1e3:8.0f}ms "
-                  f"{pct(gaps, .5) * 1e3:7.1f}ms {pct(gaps, .99) * 1e3:7.1f}ms {tps:7.1f} {tps / serial_tps:8.2f}x "
-                  f"{'yes' if same else 'NO'}")
+            print(f"{n_clients:7d} {len(results):5d} {hung[0]:7d} {injected[0]:8d} {len(errors):6d} "
+                  f"{pct(lats, .5):7.2f}s {pct(lats, .99):7.2f}s {pct(ttfts, .5) * 1e3:6.0f}ms "
+                  f"{pct(ttfts, .99) * 1e3:6.0f}ms {tps:7.1f} {tps / serial_tps:8.2f}x  {'yes' if same else 'NO'}")
+            for e in errors[:5]:
+                print("   unexpected error:", e)
+        health = httpx.get(url + "/health", timeout=10).json()
+        print(f"after the rounds: /health {health}")
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -150,7 +150,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
                         protect_metrics=a.protect_metrics, max_body_bytes=a.max_body_bytes, max_stops=a.max_stops,
                         max_stop_chars=a.max_stop_chars, max_prompt_chars=a.max_prompt_chars,
                         allowed_hosts=tuple(a.allowed_hosts), max_connections=a.max_connections,
-                        keep_alive_s=a.keep_alive, read_timeout_s=a.read_timeout)
+                        keep_alive=a.keep_alive, read_timeout=a.read_timeout)
     model = load(a.model, dtype=a.dtype, max_context=a.max_context)
     drafter = None
     if a.draft == "lookup":
@@ -158,7 +158,6 @@ def cmd_serve(a: argparse.Namespace) -> int:
     elif a.draft is not None:
         draft = load(a.draft, dtype=a.dtype, max_context=model.net.max_context)
         drafter = model.make_drafter(draft)
-    print(f"exactspec: serving {a.model} on http://{a.host}:{a.port}/v1", file=sys.stderr, flush=True)
     serve(model, a.name or Path(a.model).name.removesuffix(".gguf"), a.host, a.port, drafter, a.num_draft_tokens,
           opts)
     return 0

@@ -20,6 +20,7 @@ import dataclasses
 import hmac
 import logging
 import os
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -59,8 +60,8 @@ class ServeOptions:
     max_prompt_chars: int = 1 << 20  # a rendered chat prompt's characters
     allowed_hosts: tuple[str, ...] = ()  # Host header values accepted (empty: any)
     max_connections: int = 512  # uvicorn's limit_concurrency: 503 above
-    keep_alive_s: float = 5.0  # idle keep-alive connections close after this
-    read_timeout_s: float = 15.0  # a request's headers and body must arrive within this
+    keep_alive: float = 5.0  # idle keep-alive connections close after this
+    read_timeout: float = 15.0  # a request's headers and body must arrive within this
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -402,9 +403,9 @@ def uvicorn_config(app, host: str, port: int, opts: ServeOptions):
     a connection limit (503 above), 16 KB of headers at most."""
     import uvicorn
     from .slow_clients import ReadTimeoutH11
-    proto = type("ReadTimeoutH11", (ReadTimeoutH11,), {"read_timeout_s": opts.read_timeout_s})
+    proto = type("ReadTimeoutH11", (ReadTimeoutH11,), {"read_timeout_s": opts.read_timeout})
     return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2,
-                          timeout_keep_alive=max(1, round(opts.keep_alive_s)), limit_concurrency=opts.max_connections,
+                          timeout_keep_alive=max(1, round(opts.keep_alive)), limit_concurrency=opts.max_connections,
                           h11_max_incomplete_event_size=16 * 1024, http=proto)
 
 
@@ -412,6 +413,7 @@ def serve(model: Model, name: str, host: str, port: int, drafter: Drafter | None
           opts: ServeOptions = ServeOptions()) -> None:
     import uvicorn
     s = Server(model, name, drafter, num_draft_tokens, opts)
+    print(f"exactspec: serving {name} ({model.folder}) on http://{host}:{port}/v1", file=sys.stderr, flush=True)
     try:
         uvicorn.Server(uvicorn_config(s.app, host, port, opts)).run()
     finally:

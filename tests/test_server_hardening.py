@@ -1,0 +1,278 @@
+"""The server against hostile or unlucky clients: auth, limits, faults, a dead engine, slow and
+vanished clients. Real uvicorn on 127.0.0.1 (configured as `exactspec serve` does), the official
+`openai` client and raw HTTP; the target is gated so the test decides when the engine steps."""
+import concurrent.futures as cf
+import json
+import shutil
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+import exactspec
+from exactspec.server import FAULT_MARKER, ServeOptions
+from serving import InProcess
+
+
+
+@pytest.fixture(scope="module")
+def folder(ckpt):
+    return ckpt("qwen2")
+
+
+@pytest.fixture(scope="module")
+def model(folder):
+    return exactspec.load(folder)
+
+
+@pytest.fixture
+def serve(folder):
+    made = []
+
+    def start(opts=ServeOptions(), gate="open", **kw):
+        s = InProcess(folder, opts, **kw)
+        if gate == "open":  # the engine steps freely; "closed": only when the test opens the gate
+            s.gate.open.set()
+        made.append(s)
+        return s
+    yield start
+    for s in made:
+        s.stop()
+
+
+def post(url, **kw):  # generous: the first request after a kernel edit compiles for seconds
+    return httpx.post(url, **{"timeout": 120, **kw})
+
+
+def get(url, **kw):
+    return httpx.get(url, **{"timeout": 120, **kw})
+
+
+def client(s, key="none"):
+    return openai.OpenAI(base_url=s.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def test_api_key_guards_v1_and_optionally_health_and_metrics(serve):
+    s = serve(ServeOptions(api_key="sekret"))
+    r = post(s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 2})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = get(s.url + "/v1/models", headers={"Authorization": "Bearer sekreT"})
+    assert r.status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        client(s, "wrong").completions.create(model="tiny", prompt="a", max_tokens=2)
+    assert client(s, "sekret").completions.create(model="tiny", prompt="a", max_tokens=2).usage.completion_tokens == 2
+    assert get(s.url + "/health").status_code == 200 and get(s.url + "/metrics").status_code == 200
+    p = serve(ServeOptions(api_key="sekret", protect_metrics=True))
+    assert get(p.url + "/health").status_code == 401 and get(p.url + "/metrics").status_code == 401
+    assert get(p.url + "/health", headers={"Authorization": "Bearer sekret"}).status_code == 200
+
+
+def test_body_limit_413_by_length_and_by_counting(serve):
+    s = serve(ServeOptions(max_body_bytes=2000))
+    r = post(s.url + "/v1/completions", json={"prompt": "x" * 5000, "max_tokens": 2})
+    assert r.status_code == 413 and "exceeds 2000 bytes" in r.json()["error"]["message"]
+
+    def chunked():  # no Content-Length: the middleware counts
+        yield b'{"prompt": "'
+        for _ in range(10):
+            yield b"x" * 500
+        yield b'", "max_tokens": 2}'
+    r = post(s.url + "/v1/completions", content=chunked(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def test_health_answers_while_a_request_is_being_tokenized(serve, folder):
+    model = exactspec.load(folder)
+    release, inside = threading.Event(), threading.Event()
+    encode = model.tokenizer.encode
+
+    def slow_encode(*a, **kw):  # a huge prompt's tokenizing, held as long as the test likes
+        inside.set()
+        assert release.wait(30)
+        return encode(*a, **kw)
+    model.tokenizer.encode = slow_encode
+    s = serve(model=model)
+    with cf.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(httpx.post, s.url + "/v1/completions", json={"prompt": "abc", "max_tokens": 2}, timeout=120)
+        assert inside.wait(30)
+        t = time.perf_counter()
+        h = get(s.url + "/health", timeout=5)  # on the event loop, while encode holds a worker thread
+        assert h.status_code == 200 and time.perf_counter() - t < 2
+        release.set()
+        assert fut.result().status_code == 200
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"prompt": "a", "stop": [f"s{i}" for i in range(17)]}, "17 stop strings; at most 16"),
+    ({"prompt": "a", "stop": "z" * 300}, "longer than 256 characters"),
+])
+def test_stop_string_limits(serve, body, needle):
+    s = serve()
+    r = post(s.url + "/v1/completions", json=body)
+    assert r.status_code == 400 and needle in r.json()["error"]["message"] and r.json()["error"]["param"] == "stop"
+
+
+@pytest.mark.parametrize("content,status,needle", [
+    ([{"type": "text", "text": 5}], 400, "messages.0.content.0.text"),
+    ([{"type": "text", "text": None}], 400, "needs a string 'text'"),
+    ([{"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "hi"}], 200, None),
+])
+def test_chat_content_parts(serve, content, status, needle):
+    s = serve()
+    r = post(s.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": content}],
+                                                         "max_tokens": 2})
+    assert r.status_code == status, r.text
+    if needle:
+        assert needle in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("template,status,needle", [
+    ("{{ raise_exception('roles must alternate') }}", 400, "roles must alternate"),
+    ("{{ messages[0]['content'] * 100000000 }}", 400, "would build"),
+    ("{% for i in range(100000) %}{{ messages[0]['content'] }}{% endfor %}", 400, "exceeds"),
+    ("{{ messages[0]['content'] + 1 }}", 400, "cannot render"),
+    ("{% for %}", 500, "does not compile"),
+])
+def test_chat_template_failures_say_whose_fault(serve, folder, tmp_path, template, status, needle):
+    d = tmp_path / "m"
+    shutil.copytree(folder, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
+    s = serve(ServeOptions(max_prompt_chars=100_000), model=exactspec.load(d))
+    r = post(s.url + "/v1/chat/completions",
+                   json={"messages": [{"role": "user", "content": "x" * 1000}], "max_tokens": 2})
+    assert r.status_code == status and needle in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["type"] == ("server_error" if status == 500 else "invalid_request_error")
+    assert get(s.url + "/health").status_code == 200
+
+
+PROMPTS = [("def add(a, b):", 0.0, 1), ("The quick brown", 0.8, 2), ("for path in", 1.1, 3), ("class Stack:", 0.0, 4),
+           ("import sys", 0.7, 5), ("x = [", 0.0, 6)]
+
+
+def test_a_fault_in_one_request_fails_it_alone(serve, model, monkeypatch):
+    """One request raises inside the engine (after 2 tokens); the others, streaming or not, run
+    beside it and give exactly their solo tokens; the faulty one gets a 500 (or, streaming, an
+    error event then [DONE]) with an error id, and the server keeps serving."""
+    monkeypatch.setenv(FAULT_MARKER, "BOOM")
+    s = serve(ServeOptions(max_batch=4))
+    want = [model.generate(p, 30, temperature=t, seed=sd).text for p, t, sd in PROMPTS]
+    c = client(s)
+
+    def one(i):
+        p, t, sd = PROMPTS[i]
+        if i % 2:
+            return "".join(ch.choices[0].text for ch in c.completions.create(
+                model="tiny", prompt=p, max_tokens=30, temperature=t, seed=sd, stream=True))
+        return c.completions.create(model="tiny", prompt=p, max_tokens=30, temperature=t, seed=sd).choices[0].text
+
+    def faulty():
+        return post(s.url + "/v1/completions", json={"prompt": "BOOM here", "max_tokens": 30, "temperature": 0})
+
+    def faulty_stream():
+        with httpx.stream("POST", s.url + "/v1/completions", timeout=120,
+                          json={"prompt": "BOOM there", "max_tokens": 30, "stream": True, "temperature": 0}) as r:
+            return r.status_code, [line for line in r.iter_lines() if line]
+    with cf.ThreadPoolExecutor(8) as ex:
+        bad = ex.submit(faulty)
+        bad_stream = ex.submit(faulty_stream)
+        got = list(ex.map(one, range(len(PROMPTS))))
+    assert got == want
+    r = bad.result()
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert "internal error while decoding (id " in r.json()["error"]["message"]
+    status, lines = bad_stream.result()
+    assert status == 200 and lines[-1] == "data: [DONE]"
+    events = [json.loads(line[6:]) for line in lines[:-1]]
+    assert "error" in events[-1] and "internal error while decoding" in events[-1]["error"]["message"]
+    assert any(e.get("choices") for e in events[:-1])  # tokens came before the failure
+    assert s.srv.engine.stats.failed == 2 and s.srv.engine.alive
+    assert "exactspec_failed_requests 2.0" in get(s.url + "/metrics").text
+    assert c.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=30, temperature=0).choices[0].text \
+        == want[0]
+
+
+class Die(BaseException):
+    """Not an Exception: nothing in the engine loop catches it, so the engine thread dies."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the point of the test
+def test_a_dead_engine_gives_503_never_a_hang(serve):
+    s = serve(gate="closed")
+    eng = s.srv.engine
+    s.gate.open.clear()
+    with cf.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(httpx.post, s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 5}, timeout=120)
+        s.until("the request running", lambda: eng.running == 1)
+
+        def die():
+            raise Die()
+        eng.batch.step = die
+        s.gate.open.set()
+        r = fut.result()
+    assert r.status_code == 503 and "engine stopped" in r.json()["error"]["message"]
+    h = get(s.url + "/health")
+    assert h.status_code == 503 and h.json()["engine_alive"] is False
+    r = post(s.url + "/v1/completions", json={"prompt": "b", "max_tokens": 2}, timeout=10)
+    assert r.status_code == 503
+
+
+def test_non_streaming_client_that_hangs_up_cancels_its_generation(serve):
+    s = serve(gate="closed")  # the engine holds at its first forward: the request cannot finish by itself
+    eng = s.srv.engine
+    with pytest.raises(httpx.ReadTimeout):
+        post(s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 500, "ignore_eos": True},
+                   timeout=httpx.Timeout(60, read=1.0))
+    s.until("the job cancelled", lambda: eng.active and eng.active[0].cancelled)
+    s.gate.open.set()
+    s.until("the slot freed", lambda: eng.running == 0 and eng.stats.cancelled == 1)
+    assert eng.stats.cancelled_tokens <= 1
+    assert "exactspec_cancelled_tokens" in get(s.url + "/metrics").text
+
+
+def test_metrics_are_labelled_by_route_template_only(serve):
+    s = serve()
+    for i in range(5):
+        get(s.url + f"/v1/no-such-thing-{i}")
+    post(s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1})
+    text = get(s.url + "/metrics").text
+    assert "no-such-thing" not in text
+    assert 'endpoint="/v1/completions",status="200"' in text and 'endpoint="(unmatched)",status="404"' in text
+
+
+def test_slow_clients_are_cut_off_but_slow_generations_are_not(serve):
+    s = serve(ServeOptions(read_timeout=1.0), gate="closed")
+    with socket.create_connection(("127.0.0.1", s.port)) as sock:  # slowloris: headers that never end
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        sock.settimeout(10)
+        t = time.perf_counter()
+        assert sock.recv(100) == b""  # closed by the server
+        assert 0.5 < time.perf_counter() - t < 8
+    with cf.ThreadPoolExecutor(1) as ex:  # a request whose generation outlasts the read timeout
+        fut = ex.submit(httpx.post, s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 3}, timeout=120)
+        time.sleep(2.0)
+        s.gate.open.set()
+        assert fut.result().status_code == 200
+
+
+def test_host_header_check(serve):
+    s = serve(ServeOptions(allowed_hosts=("good.example", "127.0.0.1")))
+    assert get(s.url + "/v1/models", headers={"Host": "evil.example"}).status_code == 400
+    assert get(s.url + "/v1/models").status_code == 200
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--max-batch", "2000", "--max-context", "100000"], "KV cache for 2000 sequences x 100000 positions"),
+    (["--max-context", "1000000000"], "RoPE tables for max_context=1000000000 needs"),
+    (["--max-body-bytes", "0"], "--max-body-bytes 0: must be > 0"),
+    (["--read-timeout", "-1"], "--read-timeout -1.0: must be > 0"),
+])
+def test_startup_arguments_are_checked_before_allocating(folder, capsys, args, needle):
+    from exactspec.cli import main
+    assert main(["serve", "--model", str(folder), *args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1, err
