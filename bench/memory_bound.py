@@ -33,59 +33,74 @@ def build(folder: Path, dtype: torch.dtype) -> None:
     model.save_pretrained(folder)
 
 
+def measure(model, prompt: list[int], tokens: int, repeat: int, bw: float) -> dict:
+    """Greedy tok/s (prefill excluded), forward(m) times on a 64-token cache, bytes per token."""
+    model.generate(prompt, 2, ignore_eos=True)
+    r = model.generate(prompt, tokens, ignore_eos=True)
+    tps = (len(r.token_ids) - 1) / (r.stats.wall_time - r.stats.time_to_first_token)
+    net = model.net
+    cache = net.new_cache(1, 128)
+    n = len(prompt)
+    rows = Rows()
+    rows.add(0, prompt, 0)
+    rows.forward(net, cache)
+    times = {}
+    for m in (1, 5, 8, 9):
+        rows = Rows()
+        rows.add(0, prompt[:m], n, all_logits=True)
+        times[m] = statistics.median(timed(lambda: rows.forward(net, cache)) for _ in range(repeat))
+    wbytes = sum(p.data.nbytes for L in net.layers for p in (L.wqkv, L.wo, L.w_gate, L.w_up, L.w_down))
+    wbytes += net.lm_head.data.nbytes
+    kv = 2 * net.cfg.n_layers * net.cfg.n_kv_heads * net.cfg.head_dim * 4 * (n + tokens // 2)
+    return dict(tps=tps, times=times, wbytes=wbytes, kv=kv, limit=bw / (wbytes + kv), tokens=r.token_ids)
+
+
+def report(label: str, m: dict, bw: float) -> None:
+    t = m["times"]
+    print(f"{label}: greedy {m['tps']:.2f} tok/s; forward(1) {t[1] * 1e3:.1f} ms; forward(m)/forward(1): "
+          + ", ".join(f"m={k}: {t[k] / t[1]:.2f}" for k in (5, 8, 9)))
+    print(f"  bytes per token {(m['wbytes'] + m['kv']) / 1e6:.0f} MB (weights {m['wbytes'] / 1e6:.0f} + KV "
+          f"{m['kv'] / 1e6:.1f}); read bandwidth {bw / 1e9:.1f} GB/s -> limit {m['limit']:.1f} tok/s; "
+          f"reaches {m['tps'] / m['limit']:.0%}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=15, help="timings per forward size (median)")
+    ap.add_argument("--quantize", default=None, choices=["q8_0"], help="also time the model quantized at load")
+    ap.add_argument("--no-hf", action="store_true", help="skip the transformers run")
     a = ap.parse_args()
     K.set_num_threads(a.threads)
     tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[a.dtype]
     bw = read_bandwidth()
+    prompt = list(range(100, 164))
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         build(folder, tdt)
-        model = exactspec.load(folder, dtype=a.dtype, max_context=1024)
-        prompt = list(range(100, 164))
-        model.generate(prompt, 2, ignore_eos=True)
-        r = model.generate(prompt, a.tokens, ignore_eos=True)
-        ours = (len(r.token_ids) - 1) / (r.stats.wall_time - r.stats.time_to_first_token)
-
-        import transformers as tf
-        hf = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=tdt).eval()
-        with torch.no_grad():
-            ids = torch.tensor([prompt])
-            hf.generate(ids, max_new_tokens=2, do_sample=False, min_new_tokens=2)
-            t = time.perf_counter()
-            g = hf.generate(ids, max_new_tokens=a.tokens, min_new_tokens=a.tokens, do_sample=False)
-            hf_tps = (g.shape[1] - ids.shape[1]) / (time.perf_counter() - t)
-
-        # verify cost: forward of 1 vs 5, 8, 9 new rows on top of a 64-token cache
-        net = model.net
-        cache = net.new_cache(1, 128)
-        n = len(prompt)
-        rows = Rows()
-        rows.add(0, prompt, 0)
-        rows.forward(net, cache)
-        times = {}
-        for m in (1, 5, 8, 9):
-            rows = Rows()
-            rows.add(0, prompt[:m], n, all_logits=True)
-            times[m] = statistics.median(timed(lambda: rows.forward(net, cache)) for _ in range(a.repeat))
-
-        wbytes = sum(p.data.nbytes for L in net.layers for p in (L.wqkv, L.wo, L.w_gate, L.w_up, L.w_down))
-        wbytes += net.lm_head.data.nbytes
-        kv = 2 * net.cfg.n_layers * net.cfg.n_kv_heads * net.cfg.head_dim * 4 * (n + a.tokens // 2)
-        per_token = wbytes + kv
-        limit = bw / per_token
-    print(f"model: Qwen2.5-0.5B shape, random weights, {a.dtype}; {a.threads} threads")
-    print(f"our greedy          {ours:7.2f} tok/s")
-    print(f"transformers greedy {hf_tps:7.2f} tok/s   ours/HF = {ours / hf_tps:.2f}x")
-    print(f"forward(1 token) {times[1] * 1e3:.1f} ms; verify cost forward(m)/forward(1): "
-          + ", ".join(f"m={m}: {times[m] * 1e3:.1f} ms = {times[m] / times[1]:.2f}" for m in (5, 8, 9)))
-    print(f"bytes read per token: {per_token / 1e6:.0f} MB (weights {wbytes / 1e6:.0f} MB + KV {kv / 1e6:.1f} MB); "
-          f"read bandwidth {bw / 1e9:.1f} GB/s -> limit {limit:.1f} tok/s; ours reaches {ours / limit:.0%}")
+        ours = measure(exactspec.load(folder, dtype=a.dtype, max_context=1024), prompt, a.tokens, a.repeat, bw)
+        q8 = None
+        if a.quantize:
+            q8 = measure(exactspec.load(folder, max_context=1024, quantize=a.quantize), prompt, a.tokens, a.repeat, bw)
+        hf_tps = None
+        if not a.no_hf:
+            import transformers as tf
+            hf = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=tdt).eval()
+            with torch.no_grad():
+                ids = torch.tensor([prompt])
+                hf.generate(ids, max_new_tokens=2, do_sample=False, min_new_tokens=2)
+                t = time.perf_counter()
+                g = hf.generate(ids, max_new_tokens=a.tokens, min_new_tokens=a.tokens, do_sample=False)
+                hf_tps = (g.shape[1] - ids.shape[1]) / (time.perf_counter() - t)
+    print(f"model: Qwen2.5-0.5B shape, random weights; {a.threads} threads")
+    report(f"ours {a.dtype}", ours, bw)
+    if q8 is not None:
+        report(f"ours {a.quantize}", q8, bw)
+        print(f"{a.quantize} / {a.dtype} greedy: {q8['tps'] / ours['tps']:.2f}x")
+    if hf_tps is not None:
+        print(f"transformers greedy {hf_tps:.2f} tok/s   ours {a.dtype} / HF = {ours['tps'] / hf_tps:.2f}x")
 
 
 if __name__ == "__main__":

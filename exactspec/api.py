@@ -149,18 +149,26 @@ def _eos_ids(folder: Path, cfg: ModelConfig) -> tuple[int, ...]:
     return cfg.eos_token_ids
 
 
-def load(path: str | Path, dtype: str = "float32", max_context: int | None = None) -> Model:
+def load(path: str | Path, dtype: str = "auto", max_context: int | None = None, quantize: str | None = None) -> Model:
     """Load a model: a HF checkpoint folder, a .gguf file, or a Hugging Face Hub id (`org/name`,
-    resolved through the local hub cache; HF_HUB_OFFLINE=1 keeps it offline). dtype: weights kept
-    as "float32" or "bfloat16" (math in float32). max_context: longest sequence (prompt + new
-    tokens) served; default min(config, 8192)."""
+    resolved through the local hub cache; HF_HUB_OFFLINE=1 keeps it offline).
+
+    dtype: "auto" keeps a GGUF file's Q8_0 weights quantized (dequantized in registers, bitwise the
+    logits of the dequantized model) and the rest as float32; "float32" or "bfloat16" dequantizes
+    every weight to that (math in float32). quantize="q8_0": every linear weight quantized to Q8_0
+    at load (llama.cpp's rounding, the gguf package), the same kernels. max_context: longest
+    sequence (prompt + new tokens) served; default min(config, 8192)."""
     folder = resolve(path)
     gguf = is_gguf(folder)
     if not folder.is_dir() and not gguf:
         raise CheckpointError(f"{folder}: not a directory or a .gguf file (expected a Hugging Face checkpoint "
                               "folder or a GGUF file)")
-    if dtype not in DTYPES:
-        raise UnsupportedModelError(f"dtype={dtype!r} is not supported (float32, bfloat16)")
+    if dtype != "auto" and dtype not in DTYPES:
+        raise UnsupportedModelError(f"dtype={dtype!r} is not supported (auto, float32, bfloat16)")
+    if quantize not in (None, "q8_0"):
+        raise UnsupportedModelError(f"quantize={quantize!r} is not supported (None, 'q8_0')")
+    quant = "q8_0" if quantize else "keep" if dtype == "auto" and gguf else "none"
+    dtype = "float32" if dtype == "auto" else dtype
     if gguf:
         store = GGUFFile(folder)
         cfg = store.cfg
@@ -170,8 +178,9 @@ def load(path: str | Path, dtype: str = "float32", max_context: int | None = Non
         max_context = min(cfg.max_position_embeddings, 8192)
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
         raise InvalidRequest(f"max_context={max_context!r}: must be an integer >= 2", "max_context")
-    if gguf:  # weights dequantized to `dtype`
-        return Model(folder, cfg, Transformer(cfg, store, dtype, max_context), store.tokenizer(), cfg.eos_token_ids)
-    net = Transformer(cfg, TensorStore(folder), dtype, max_context)
+    if gguf:
+        net = Transformer(cfg, store, dtype, max_context, quant)
+        return Model(folder, cfg, net, store.tokenizer(), cfg.eos_token_ids)
+    net = Transformer(cfg, TensorStore(folder), dtype, max_context, quant)
     tok = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
     return Model(folder, cfg, net, tok, _eos_ids(folder, cfg))

@@ -25,9 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", required=True, help="model: HF checkpoint folder, .gguf file, or hub id (org/name)")
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="auto: a GGUF file's Q8_0 weights stay quantized, the rest float32")
+    g.add_argument("--quantize", default=None, choices=["q8_0"], help="quantize the linear weights at load")
     g.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), or 'lookup' for prompt lookup")
-    g.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16"], help="default: --dtype")
+    g.add_argument("--draft-dtype", default=None, choices=["auto", "float32", "bfloat16"], help="default: --dtype")
     g.add_argument("--num-draft-tokens", type=_draft_len, default=4, help="k, or 'dynamic'")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0)
@@ -41,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
     v.add_argument("--model", required=True, help="model: HF checkpoint folder, .gguf file, or hub id (org/name)")
     v.add_argument("--name", default=None, help="model id clients use (default: the folder name)")
-    v.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    v.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="auto: a GGUF file's Q8_0 weights stay quantized, the rest float32")
+    v.add_argument("--quantize", default=None, choices=["q8_0"], help="quantize the linear weights at load")
     v.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), or 'lookup'")
     v.add_argument("--num-draft-tokens", type=_draft_len, default=4)
     v.add_argument("--host", default="127.0.0.1")
@@ -151,12 +155,12 @@ def cmd_serve(a: argparse.Namespace) -> int:
                         max_stop_chars=a.max_stop_chars, max_prompt_chars=a.max_prompt_chars,
                         allowed_hosts=tuple(a.allowed_hosts), max_connections=a.max_connections,
                         keep_alive=a.keep_alive, read_timeout=a.read_timeout)
-    model = load(a.model, dtype=a.dtype, max_context=a.max_context)
+    model = load(a.model, dtype=a.dtype, max_context=a.max_context, quantize=a.quantize)
     drafter = None
     if a.draft == "lookup":
         drafter = LookupDrafter()
     elif a.draft is not None:
-        draft = load(a.draft, dtype=a.dtype, max_context=model.net.max_context)
+        draft = load(a.draft, dtype=a.dtype, max_context=model.net.max_context, quantize=a.quantize)
         drafter = model.make_drafter(draft)
     serve(model, a.name or Path(a.model).name.removesuffix(".gguf"), a.host, a.port, drafter, a.num_draft_tokens,
           opts)
@@ -187,10 +191,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
     from . import load, set_num_threads
     if a.threads is not None:
         set_num_threads(a.threads)
-    model = load(a.model, dtype=a.dtype)
+    model = load(a.model, dtype=a.dtype, quantize=a.quantize)
     draft = a.draft
     if draft is not None and draft != "lookup":
-        draft = load(draft, dtype=a.draft_dtype or a.dtype)
+        draft = load(draft, dtype=a.draft_dtype or a.dtype, quantize=a.quantize)
 
     def stream(piece: str) -> None:
         sys.stdout.write(piece)

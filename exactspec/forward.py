@@ -48,13 +48,13 @@ def _embed_impl(table, tokens, x):
 
 @njit(parallel=True, cache=True)
 def _forward(tokens, embed, slot, pos, out_rows, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, bo, mlp_norm, wgu, bgu, wdown,
-             bdown, norm, head, Hq, Hkv, D, eps, scale, window, cos, sin, kc, vc, logits):
-    # tokens (R,) -> logits (len(out_rows), V) float32.
+             bdown, norm, head, Hq, Hkv, D, I, eps, scale, window, cos, sin, kc, vc, logits):
+    # tokens (R,) -> logits (len(out_rows), V) float32. I: the intermediate size (the packed
+    # weights' shapes do not show it: a Q8_0 weight's second axis counts groups of 32).
     R = tokens.shape[0]
     H = embed.shape[1]
     x = np.empty((R, H), np.float32)  # the residual stream
     _embed(embed, tokens, x)
-    I = wdown.shape[2]
     L = wqkv.shape[0]
     nqkv = (Hq + 2 * Hkv) * D
     h = np.empty((R, H), np.float32)
@@ -167,5 +167,5 @@ def forward(st: Stack, tokens: np.ndarray, embed: np.ndarray, slot: np.ndarray, 
     return _FORWARD.run(tokens.shape[0] * (st.work + head.n * head.k), SERIAL_FORWARD,
                         tokens, embed, slot, pos, out_rows, a["attn_norm"], a["wqkv"], a["b_wqkv"], a["q_norm"],
                         a["k_norm"], a["wo"], a["b_wo"], a["mlp_norm"], a["w_gate"], a["b_w_gate"], a["w_down"],
-                        a["b_w_down"], norm, head.data, Hq, Hkv, D, np.float32(eps), np.float32(scale), window, cos,
-                        sin, kc, vc, logits)
+                        a["b_w_down"], norm, head.data, Hq, Hkv, D, st.shapes["w_down"][1], np.float32(eps),
+                        np.float32(scale), window, cos, sin, kc, vc, logits)

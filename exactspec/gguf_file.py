@@ -112,8 +112,7 @@ class GGUFFile:
         g = gguf_name(name)
         return g is not None and g in self.tensors
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        import gguf
+    def _tensor(self, name: str, shape: tuple[int, ...]):
         g = gguf_name(name)
         t = self.tensors.get(g) if g else None
         if t is None:
@@ -121,6 +120,31 @@ class GGUFFile:
         logical = tuple(int(d) for d in reversed(t.shape.tolist()))  # ggml lists the fastest dimension first
         if logical != tuple(shape):
             raise WeightError(f"{self.path}: tensor {g!r} has shape {logical}, the metadata implies {tuple(shape)}")
+        return g, t
+
+    def get_q8(self, name: str, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
+        """A Q8_0 tensor as it is stored: (quants (N, K) int8, scales (N, K/32) float16), rows in
+        our order (llama q/k unpermuted); None if the tensor is of another type."""
+        import gguf
+        g, t = self._tensor(name, shape)
+        if t.tensor_type != gguf.GGMLQuantizationType.Q8_0:
+            return None
+        q, d = (torch.from_numpy(a) for a in split_q8(np.asarray(t.data), *shape))
+        if self.arch == "llama" and g.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = self.cfg.n_heads if g.endswith("attn_q.weight") else self.cfg.n_kv_heads
+            q, d = _unpermute(q, heads), _unpermute(d, heads)
+        return q.numpy(), d.numpy()
+
+    def q8_names(self) -> set[str]:
+        """The HF names of the tensors stored as Q8_0."""
+        import gguf
+        q8 = {g for g, t in self.tensors.items() if t.tensor_type == gguf.GGMLQuantizationType.Q8_0}
+        names = list(_TOP) + [f"model.layers.{i}.{k}" for i in range(self.cfg.n_layers) for k in _LAYER]
+        return {n for n in names if gguf_name(n) in q8}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        import gguf
+        g, t = self._tensor(name, shape)
         try:
             w = gguf.quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError:
@@ -130,6 +154,30 @@ class GGUFFile:
         if self.arch == "llama" and g.endswith(("attn_q.weight", "attn_k.weight")):
             w = _unpermute(w, self.cfg.n_heads if g.endswith("attn_q.weight") else self.cfg.n_kv_heads)
         return w.to(dtype)
+
+
+def split_q8(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """GGUF Q8_0 blocks (each a float16 scale then 32 int8) of an (n, k) tensor -> quants (n, k)
+    int8, scales (n, k/32) float16."""
+    blocks = raw.reshape(n, k // 32, 34)
+    return (blocks[:, :, 2:].copy().view(np.int8).reshape(n, k),
+            blocks[:, :, :2].copy().view(np.float16).reshape(n, k // 32))
+
+
+def quantize_q8(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Quantize an (n, k) float tensor to Q8_0 with the gguf package (llama.cpp's rounding)."""
+    import gguf
+    n, k = w.shape
+    if k % 32:
+        raise UnsupportedModelError(f"quantize='q8_0': rows of {k} values are not whole Q8_0 blocks of 32")
+    return split_q8(gguf.quants.quantize(w.float().contiguous().numpy(), gguf.GGMLQuantizationType.Q8_0), n, k)
+
+
+def dequantize_q8(q: np.ndarray, d: np.ndarray) -> torch.Tensor:
+    """(n, k) float32 f32(d) * f32(q): exact, the gguf package's Q8_0 dequantization."""
+    n, k = q.shape
+    return torch.from_numpy((q.reshape(n, k // 32, 32).astype(np.float32) * d.astype(np.float32)[:, :, None])
+                            .reshape(n, k))
 
 
 def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:

@@ -61,7 +61,9 @@ def set_num_threads(n: int) -> None:
 class PackedWeight:
     """A (N, K) weight packed as (ceil(N/NL), K, NL) so each thread task reads one contiguous block.
 
-    `data` is float32, or uint16 holding bfloat16 bits (widened exactly in the kernel).
+    `data` is float32, or uint16 holding bfloat16 bits (widened exactly in the kernel), or uint8
+    holding Q8_0 groups, (ceil(N/NL), K/32, tile.GROUP_BYTES): per group of 32 k's the int8 quants
+    (k-major, lane-minor) then the lanes' float16 scales (`pack_q8`; dequantized in registers).
     `bias` is float32 (N,) or an empty array.
     """
     data: np.ndarray
@@ -73,10 +75,19 @@ class PackedWeight:
     def bf16(self) -> bool:
         return self.data.dtype == np.uint16
 
+    @property
+    def q8(self) -> bool:
+        return self.data.dtype == np.uint8
+
     def unpack(self) -> torch.Tensor:
         """(N, K) float32: the weight as the kernel sees it (for references and tests)."""
         d = self.data
-        if self.bf16:
+        if self.q8:  # f32(scale) * f32(q): exact, the gguf package's Q8_0 dequantization
+            nblk, G, _ = d.shape
+            q = d[:, :, : tile.QK * NL].view(np.int8).reshape(nblk, G, tile.QK, NL).astype(np.float32)
+            sc = d[:, :, tile.QK * NL:].copy().view(np.float16).astype(np.float32)  # (nblk, G, NL)
+            d = (q * sc[:, :, None, :]).reshape(nblk, G * tile.QK, NL)
+        elif self.bf16:
             d = (d.astype(np.uint32) << 16).view(np.float32)
         return torch.from_numpy(np.ascontiguousarray(d.transpose(0, 2, 1).reshape(-1, self.k)[: self.n]))
 
@@ -94,6 +105,25 @@ def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeig
     padded = np.zeros((nblk * NL, k), dt)
     padded[:n] = src
     data = np.ascontiguousarray(padded.reshape(nblk, NL, k).transpose(0, 2, 1))  # (nblk, K, NL)
+    b = np.empty(0, np.float32) if bias is None else bias.float().contiguous().numpy().copy()
+    return PackedWeight(data, n, k, b)
+
+
+def pack_q8(q: np.ndarray, scale: np.ndarray, bias: torch.Tensor | None = None) -> PackedWeight:
+    """Pack Q8_0 weights kept quantized: q (N, K) int8, scale (N, K/32) float16 (each row's group
+    scale, as in a GGUF Q8_0 block). Zero-pads N up to a multiple of NL (scale 0)."""
+    n, k = q.shape
+    if k % tile.QK or scale.shape != (n, k // tile.QK):
+        raise ValueError(f"pack_q8: q {q.shape} and scale {scale.shape} are not Q8_0 groups of {tile.QK}")
+    nblk, G = (n + NL - 1) // NL, k // tile.QK
+    qp = np.zeros((nblk * NL, k), np.int8)
+    qp[:n] = q
+    sp = np.zeros((nblk * NL, G), np.float16)
+    sp[:n] = scale
+    data = np.empty((nblk, G, tile.GROUP_BYTES), np.uint8)
+    quants = qp.reshape(nblk, NL, G, tile.QK).transpose(0, 2, 3, 1)  # (nblk, G, QK, NL): k-major, lane-minor
+    data[:, :, : tile.QK * NL] = quants.reshape(nblk, G, tile.QK * NL).view(np.uint8)
+    data[:, :, tile.QK * NL:] = sp.reshape(nblk, NL, G).transpose(0, 2, 1).copy().view(np.uint8)
     b = np.empty(0, np.float32) if bias is None else bias.float().contiguous().numpy().copy()
     return PackedWeight(data, n, k, b)
 

@@ -77,11 +77,13 @@ def inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 
 class Transformer:
-    def __init__(self, cfg: ModelConfig, store: TensorStore, dtype: str, max_context: int):
+    def __init__(self, cfg: ModelConfig, store: TensorStore, dtype: str, max_context: int, quant: str = "none"):
+        """quant: "none" (every weight as `dtype`), "keep" (linear weights the store holds as Q8_0 stay
+        Q8_0: GGUF files), "q8_0" (every linear weight quantized to Q8_0 at load)."""
         if dtype not in DTYPES:
             raise UnsupportedModelError(f"dtype={dtype!r} is not supported (float32, bfloat16)")
         self.cfg = cfg
-        self.dtype = dtype
+        self.dtype = dtype if quant == "none" else f"q8_0+{dtype}"
         self.max_context = max_context
         wd = DTYPES[dtype]
         H, D, Hq, Hkv, I = cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size
@@ -97,43 +99,61 @@ class Transformer:
         def bias(name: str, n: int, present: bool) -> torch.Tensor | None:
             return store.get(name, (n,), torch.float32) if present else None
 
-        self.embed = store.get("model.embed_tokens.weight", (cfg.vocab_size, H), wd)  # (V, H)
+        # Which linear weights are Q8_0: a kind (qkv, o, gate+up, down, head) only if every layer's are.
+        stored = store.q8_names() if quant == "keep" and hasattr(store, "q8_names") else set()
+        layer_names = {"qkv": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+                       "o": ("self_attn.o_proj.weight",), "gate_up": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+                       "down": ("mlp.down_proj.weight",)}
+        q8 = {kind: quant == "q8_0" or all(f"model.layers.{i}.{n}" in stored for i in range(cfg.n_layers)
+                                           for n in names) for kind, names in layer_names.items()}
+
+        def lin(kind: str, parts: list[tuple[str, tuple[int, int]]], b: torch.Tensor | None) -> K.PackedWeight:
+            """The weights `parts` stacked along N and packed: Q8_0 (kept or quantized) or `dtype`."""
+            if q8[kind]:
+                from .gguf_file import quantize_q8
+                qd = [(store.get_q8(n, s) if quant == "keep" else None) or quantize_q8(store.get(n, s, torch.float32))
+                      for n, s in parts]
+                return K.pack_q8(np.concatenate([q for q, _ in qd]), np.concatenate([d for _, d in qd]), b)
+            return K.pack_weight(torch.cat([store.get(n, s, wd) for n, s in parts]), b)
+
+        wd_embed = torch.float32 if quant != "none" else wd  # Q8_0 rows are exact in float32, not bfloat16
+        self.embed = store.get("model.embed_tokens.weight", (cfg.vocab_size, H), wd_embed)  # (V, H)
+        if quant == "q8_0":  # as a Q8_0 GGUF file has it: the lookup table's values quantized too
+            from .gguf_file import dequantize_q8, quantize_q8
+            self.embed = dequantize_q8(*quantize_q8(self.embed))
         empty = np.empty(0, np.float32)
         st = None
         for i in range(cfg.n_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
-            qkv = torch.cat([store.get(a + "q_proj.weight", (Hq * D, H), wd),
-                             store.get(a + "k_proj.weight", (Hkv * D, H), wd),
-                             store.get(a + "v_proj.weight", (Hkv * D, H), wd)])
+            qkv = [(a + "q_proj.weight", (Hq * D, H)), (a + "k_proj.weight", (Hkv * D, H)),
+                   (a + "v_proj.weight", (Hkv * D, H))]
             qkv_b = None
             if cfg.qkv_bias:
                 qkv_b = torch.cat([bias(a + "q_proj.bias", Hq * D, True), bias(a + "k_proj.bias", Hkv * D, True),
                                    bias(a + "v_proj.bias", Hkv * D, True)])
             layer = F.Layer(
                 attn_norm=norm(p + "input_layernorm.weight", H),
-                wqkv=K.pack_weight(qkv, qkv_b),
+                wqkv=lin("qkv", qkv, qkv_b),
                 q_norm=norm(a + "q_norm.weight", D) if cfg.qk_norm else empty,
                 k_norm=norm(a + "k_norm.weight", D) if cfg.qk_norm else empty,
-                wo=K.pack_weight(store.get(a + "o_proj.weight", (H, Hq * D), wd), bias(a + "o_proj.bias", H, cfg.o_bias)),
+                wo=lin("o", [(a + "o_proj.weight", (H, Hq * D))], bias(a + "o_proj.bias", H, cfg.o_bias)),
                 mlp_norm=norm(p + "post_attention_layernorm.weight", H),
-                w_gate=K.pack_weight(store.get(p + "mlp.gate_proj.weight", (I, H), wd),
-                                     bias(p + "mlp.gate_proj.bias", I, cfg.mlp_bias)),
-                w_up=K.pack_weight(store.get(p + "mlp.up_proj.weight", (I, H), wd),
-                                   bias(p + "mlp.up_proj.bias", I, cfg.mlp_bias)),
-                w_down=K.pack_weight(store.get(p + "mlp.down_proj.weight", (H, I), wd),
-                                     bias(p + "mlp.down_proj.bias", H, cfg.mlp_bias)))
+                w_gate=lin("gate_up", [(p + "mlp.gate_proj.weight", (I, H))],
+                           bias(p + "mlp.gate_proj.bias", I, cfg.mlp_bias)),
+                w_up=lin("gate_up", [(p + "mlp.up_proj.weight", (I, H))], bias(p + "mlp.up_proj.bias", I, cfg.mlp_bias)),
+                w_down=lin("down", [(p + "mlp.down_proj.weight", (H, I))], bias(p + "mlp.down_proj.bias", H, cfg.mlp_bias)))
             if st is None:  # one copy of the weights: packed layer by layer into the stack
                 st = F.Stack.empty(layer, cfg.n_layers)
             st.put(i, layer)
         self.stack = st
         self.layers: list[F.Layer] = [st.views(i) for i in range(cfg.n_layers)]
         self.norm = norm("model.norm.weight", H)
-        if cfg.tie_word_embeddings or not store.has("lm_head.weight"):
-            head = self.embed
-        else:
-            head = store.get("lm_head.weight", (cfg.vocab_size, H), wd)
-        self.lm_head = K.pack_weight(head)
+        head = "model.embed_tokens.weight" if cfg.tie_word_embeddings or not store.has("lm_head.weight") \
+            else "lm_head.weight"
+        q8["head"] = quant == "q8_0" or head in stored
+        self.lm_head = lin("head", [(head, (cfg.vocab_size, H))], None) if q8["head"] or head != \
+            "model.embed_tokens.weight" else K.pack_weight(self.embed)
         self.cos, self.sin = K.rope_table(inv_freq(cfg), max_context)  # (C, D) each
         self.scale = 1.0 / math.sqrt(D)
         e = self.embed.contiguous()

@@ -49,11 +49,21 @@ def _wide_target() -> bool:
 MR_MAX = 10 if _wide_target() else 3
 
 
+# Q8_0 weights (w as uint8 (nblk, K/QK, GROUP_BYTES)): per block and group of QK = 32 k's, the 32 x 32
+# int8 quants (k-major, lane-minor), then the 32 lanes' float16 scales. Lane j's weight at k is
+# f32(scale[j]) * f32(q[k, j]): exact in float32 (11 + 8 significant bits), so a Q8_0 tile computes
+# the same FMA chains as the float32 tile on the dequantized weights.
+QK = 32
+GROUP_BYTES = QK * NL + 2 * NL
+
+
 def _make(mr: int):
     @intrinsic
     def tile(typingctx, x, m0, w, b, t):
         sig = types.void(x, m0, w, b, t)
         bf16 = w.dtype == types.uint16
+        if w.dtype == types.uint8:
+            return sig, _q8_codegen(mr)
 
         def codegen(context, builder, signature, args):
             xv, m0v, wv, bv, tv = args
@@ -126,6 +136,117 @@ def _make(mr: int):
         return sig, codegen
 
     return tile
+
+
+def _f16_to_f32(builder, h):
+    """<16 x i16> float16 bits -> <16 x float>, exactly, in integer ops (no half type: without F16C
+    LLVM would call a runtime helper the JIT may not have)."""
+    i32, f32 = ir.IntType(32), ir.FloatType()
+    vi, vf = ir.VectorType(i32, V), ir.VectorType(f32, V)
+
+    def c(v):
+        return ir.Constant(vi, [v] * V)
+    hz = builder.zext(h, vi)
+    sign = builder.shl(builder.and_(hz, c(0x8000)), c(16))
+    e = builder.and_(builder.lshr(hz, c(10)), c(31))
+    m = builder.and_(hz, c(0x3FF))
+    normal = builder.or_(builder.shl(builder.add(e, c(112)), c(23)), builder.shl(m, c(13)))
+    special = builder.or_(c(0x7F800000), builder.shl(m, c(13)))  # inf, nan
+    sub = builder.fmul(builder.uitofp(m, vf), ir.Constant(vf, [2.0 ** -24] * V))  # m * 2^-24: exact
+    bits = builder.select(builder.icmp_unsigned("==", e, c(0)), builder.bitcast(sub, vi),
+                          builder.select(builder.icmp_unsigned("==", e, c(31)), special, normal))
+    return builder.bitcast(builder.or_(bits, sign), vf)
+
+
+def _q8_codegen(mr: int):
+    def codegen(context, builder, signature, args):
+        xv, m0v, wv, bv, tv = args
+        xty, _, wty, _, tty = signature.args
+        i8, i16, i64, i32, f32 = ir.IntType(8), ir.IntType(16), ir.IntType(64), ir.IntType(32), ir.FloatType()
+        vf = ir.VectorType(f32, V)
+        xa = context.make_array(xty)(context, builder, xv)
+        wa = context.make_array(wty)(context, builder, wv)
+        ta = context.make_array(tty)(context, builder, tv)
+        G = cgutils.unpack_tuple(builder, wa.shape, 3)[1]  # groups of QK k's
+        sx = builder.udiv(cgutils.unpack_tuple(builder, xa.strides, 2)[0], ir.Constant(i64, 4))
+        xbase = builder.gep(xa.data, [builder.mul(m0v, sx)])
+        sb = cgutils.unpack_tuple(builder, wa.strides, 3)[0]
+        wbase = builder.inttoptr(builder.add(builder.ptrtoint(wa.data, i64), builder.mul(bv, sb)), i8.as_pointer())
+        tbase = builder.bitcast(ta.data, f32.as_pointer())
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
+        i8p = i8.as_pointer()
+        prefetch = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
+        bcast = ir.Constant(ir.VectorType(i32, V), [0] * V)
+        zero = ir.Constant(vf, None)
+
+        pre = builder.block
+        gloop = builder.append_basic_block("q8.g")
+        kloop = builder.append_basic_block("q8.k")
+        gnext = builder.append_basic_block("q8.gnext")
+        done = builder.append_basic_block("q8.done")
+        builder.branch(gloop)
+        # outer loop: group g; its NL scales widened once (f16 -> f32 is exact)
+        builder.position_at_end(gloop)
+        g = builder.phi(i64)
+        g.add_incoming(ir.Constant(i64, 0), pre)
+        gacc = [[builder.phi(vf) for _ in range(NL // V)] for _ in range(mr)]
+        for row in gacc:
+            for a in row:
+                a.add_incoming(zero, pre)  # +0.0
+        gb = builder.gep(wbase, [builder.mul(g, ir.Constant(i64, GROUP_BYTES))])
+        scales = []
+        for v in range(NL // V):
+            p = builder.gep(gb, [ir.Constant(i64, QK * NL + 2 * V * v)])
+            h = builder.load(builder.bitcast(p, ir.VectorType(i16, V).as_pointer()), align=2)
+            scales.append(_f16_to_f32(builder, h))
+        gpre = builder.block
+        builder.branch(kloop)
+        # inner loop: kk = 0 .. QK-1 within the group, k = g * QK + kk
+        builder.position_at_end(kloop)
+        kk = builder.phi(i64)
+        kk.add_incoming(ir.Constant(i64, 0), gpre)
+        acc = [[builder.phi(vf) for _ in range(NL // V)] for _ in range(mr)]
+        for r in range(mr):
+            for v in range(NL // V):
+                acc[r][v].add_incoming(gacc[r][v], gpre)
+        k = builder.add(builder.mul(g, ir.Constant(i64, QK)), kk)
+        xs = []
+        for r in range(mr):
+            xr = builder.load(builder.gep(xbase, [builder.add(builder.mul(ir.Constant(i64, r), sx), k)]))
+            xr = builder.insert_element(ir.Constant(vf, ir.Undefined), xr, ir.Constant(i32, 0))
+            xs.append(builder.shuffle_vector(xr, ir.Constant(vf, ir.Undefined), bcast))
+        krow = builder.gep(gb, [builder.mul(kk, ir.Constant(i64, NL))])
+        pf = builder.gep(krow, [ir.Constant(i64, PREFETCH_BYTES)])
+        builder.call(prefetch, [pf, ir.Constant(i32, 0), ir.Constant(i32, 2 if mr == 1 else 3), ir.Constant(i32, 1)])
+        new = [[None] * (NL // V) for _ in range(mr)]
+        for v in range(NL // V):
+            p = builder.gep(krow, [ir.Constant(i64, v * V)])
+            q = builder.load(builder.bitcast(p, ir.VectorType(i8, V).as_pointer()), align=1)
+            wvec = builder.fmul(builder.sitofp(q, vf), scales[v])  # exact: the dequantized weight
+            for r in range(mr):
+                new[r][v] = builder.call(fma, [xs[r], wvec, acc[r][v]])
+        kk1 = builder.add(kk, ir.Constant(i64, 1))
+        kk.add_incoming(kk1, kloop)
+        for r in range(mr):
+            for v in range(NL // V):
+                acc[r][v].add_incoming(new[r][v], kloop)
+        builder.cbranch(builder.icmp_signed("<", kk1, ir.Constant(i64, QK)), kloop, gnext)
+        builder.position_at_end(gnext)
+        g1 = builder.add(g, ir.Constant(i64, 1))
+        g.add_incoming(g1, gnext)
+        for r in range(mr):
+            for v in range(NL // V):
+                gacc[r][v].add_incoming(new[r][v], gnext)
+        builder.cbranch(builder.icmp_signed("<", g1, G), gloop, done)
+        builder.position_at_end(done)
+        for r in range(mr):
+            for v in range(NL // V):
+                p = builder.gep(tbase, [ir.Constant(i64, r * NL + v * V)])
+                builder.store(new[r][v], builder.bitcast(p, vf.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return codegen
 
 
 _t = [_make(mr) for mr in range(1, 11)]
