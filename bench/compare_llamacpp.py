@@ -1,7 +1,9 @@
-"""exactspec vs llama.cpp on the same BF16 weights, side by side in one run, 2 threads each.
+"""exactspec vs llama.cpp on the same weights (BF16, or Q8_0 kept quantized by both), side by side
+in one run, 2 threads each.
 
     pip install -e '.[bench]'        # llama-cpp-python (built from source by pip) and gguf
-    python bench/compare_llamacpp.py [--tokens 64] [--repeat 3] [--llama-python PATH] [--gguf FILE]
+    python bench/compare_llamacpp.py [--tokens 64] [--repeat 3] [--llama-python PATH] [--gguf FILE] \
+        [--qtype BF16 Q8_0]
 
 A random Llama in Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14/2 heads, intermediate 4864,
 vocabulary 32000, tied embeddings) is saved once as a HF folder (for exactspec) and written as a
@@ -24,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import QWEN_05B
+from common import QWEN_05B, table
 
 SHAPE = dict(QWEN_05B, rms_norm_eps=1e-6, rope_theta=1000000.0, bos_token_id=1, eos_token_id=2)
 PROMPT = [1] + list(range(300, 363))  # 64 tokens
@@ -36,7 +38,8 @@ def build(folder: Path) -> None:
     torch.manual_seed(0)
     model = tf.LlamaForCausalLM(tf.LlamaConfig(**SHAPE)).to(torch.bfloat16).eval()
     model.save_pretrained(folder / "hf")
-    write_gguf(model.state_dict(), folder / "model-bf16.gguf", SHAPE)
+    for q in ("BF16", "Q8_0"):
+        write_gguf(model.state_dict(), folder / f"model-{q.lower()}.gguf", SHAPE, q)
 
 
 def from_gguf(src: Path, folder: Path) -> dict:
@@ -61,11 +64,14 @@ def from_gguf(src: Path, folder: Path) -> dict:
     for n in names:
         t = store.tensors[gguf_name(n)]
         sd[n] = store.get(n, tuple(int(d) for d in reversed(t.shape.tolist())), torch.bfloat16)
-    write_gguf(sd, folder / "model-bf16.gguf", shape)
+    for q in ("BF16", "Q8_0"):
+        write_gguf(sd, folder / f"model-{q.lower()}.gguf", shape, q)
     return shape
 
 
-def write_gguf(sd: dict, path: Path, c: dict) -> None:
+def write_gguf(sd: dict, path: Path, c: dict, qtype: str = "BF16") -> None:
+    """BF16: every matrix as bfloat16. Q8_0: every matrix quantized by the gguf package (as llama.cpp's
+    quantize does for a Q8_0 file, the embedding and the head included)."""
     import gguf
     import numpy as np
     import torch
@@ -80,7 +86,7 @@ def write_gguf(sd: dict, path: Path, c: dict) -> None:
     w.add_rope_dimension_count(H // Hq)
     w.add_rope_freq_base(c["rope_theta"])
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if qtype == "BF16" else gguf.LlamaFileType.MOSTLY_Q8_0)
     # a SentencePiece-style vocabulary of placeholder pieces: the benchmark feeds token ids only
     V = c["vocab_size"]
     toks = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
@@ -101,6 +107,9 @@ def write_gguf(sd: dict, path: Path, c: dict) -> None:
     def put(name: str, t: torch.Tensor) -> None:
         if t.dim() == 1:
             w.add_tensor(name, t.float().numpy())
+        elif qtype == "Q8_0":
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(name, gguf.quants.quantize(t.float().contiguous().numpy(), q8), raw_dtype=q8)
         else:
             bits = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
             w.add_tensor(name, bits, raw_dtype=gguf.GGMLQuantizationType.BF16)
@@ -124,24 +133,27 @@ def write_gguf(sd: dict, path: Path, c: dict) -> None:
     w.close()
 
 
-def run_ours(folder: Path, tokens: int, threads: int) -> dict:
+def run_ours(folder: Path, tokens: int, threads: int, qtype: str) -> dict:
     import exactspec
     exactspec.set_num_threads(threads)
-    src = folder / "hf" if (folder / "hf").is_dir() else folder / "model-bf16.gguf"
-    model = exactspec.load(src, dtype="bfloat16", max_context=512)
+    if qtype == "Q8_0":  # the very file llama.cpp reads, its Q8_0 weights kept quantized
+        model = exactspec.load(folder / "model-q8_0.gguf", max_context=512)
+    else:
+        src = folder / "hf" if (folder / "hf").is_dir() else folder / "model-bf16.gguf"
+        model = exactspec.load(src, dtype="bfloat16", max_context=512)
     model.generate(PROMPT, 4, ignore_eos=True)  # compile, warm
     r = model.generate(PROMPT, tokens, ignore_eos=True)
     gen = (len(r.token_ids) - 1) / (r.stats.wall_time - r.stats.time_to_first_token)
     return {"pp": len(PROMPT) / r.stats.time_to_first_token, "tg": gen, "tokens": r.token_ids}
 
 
-def run_llamacpp(folder: Path, tokens: int, threads: int) -> dict:
+def run_llamacpp(folder: Path, tokens: int, threads: int, qtype: str) -> dict:
     import numpy as np
     from llama_cpp import Llama
 
     def argmax() -> int:  # the last row's logits, read from the context (Llama.scores is only kept with logits_all)
         return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
-    llm = Llama(str(folder / "model-bf16.gguf"), n_ctx=512, n_batch=512, n_threads=threads, n_threads_batch=threads,
+    llm = Llama(str(folder / f"model-{qtype.lower()}.gguf"), n_ctx=512, n_batch=512, n_threads=threads, n_threads_batch=threads,
                 verbose=False)
     llm.eval(PROMPT[:8])  # warm
     llm.reset()
@@ -156,9 +168,10 @@ def run_llamacpp(folder: Path, tokens: int, threads: int) -> dict:
     return {"pp": pp, "tg": (tokens - 1) / (time.perf_counter() - t), "tokens": out}
 
 
-def _child(side: str, folder: str, tokens: int, threads: int, python: str) -> dict:
+def _child(side: str, folder: str, tokens: int, threads: int, python: str, qtype: str) -> dict:
     code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import compare_llamacpp as c; "
-            f"from pathlib import Path; print(json.dumps(c.run_{side}(Path({folder!r}), {tokens}, {threads})))")
+            f"from pathlib import Path; print(json.dumps(c.run_{side}(Path({folder!r}), {tokens}, {threads}, "
+            f"{qtype!r})))")
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
     if out.returncode:
         raise SystemExit(f"{side} run failed:\n{out.stderr[-3000:]}")
@@ -173,6 +186,8 @@ def main() -> None:
     ap.add_argument("--llama-python", default=sys.executable, help="a Python with llama-cpp-python installed")
     ap.add_argument("--gguf", default=None, help="a llama GGUF file (e.g. SmolLM2-135M-Instruct.Q4_1.gguf): "
                     "dequantized to one BF16 GGUF that both sides load, instead of the random 0.5B-shape model")
+    ap.add_argument("--qtype", nargs="+", default=["BF16", "Q8_0"], choices=["BF16", "Q8_0"],
+                    help="weight formats to compare (Q8_0: the matrices quantized, kept quantized by both sides)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if a.gguf:
@@ -181,21 +196,24 @@ def main() -> None:
         else:
             build(Path(tmp))
             what = "Llama, Qwen2.5-0.5B shape, random weights, BF16"
-        runs = {"ours": [], "llamacpp": []}
+        runs = {(q, s): [] for q in a.qtype for s in ("ours", "llamacpp")}
         for _ in range(a.repeat):  # alternate, so slow drifts of the machine hit both sides
-            runs["ours"].append(_child("ours", tmp, a.tokens, a.threads, sys.executable))
-            runs["llamacpp"].append(_child("llamacpp", tmp, a.tokens, a.threads, a.llama_python))
-    med = {s: {k: statistics.median(r[k] for r in rs) for k in ("pp", "tg")} for s, rs in runs.items()}
-    ours, ll = runs["ours"][0]["tokens"], runs["llamacpp"][0]["tokens"]
-    agree = next((i for i, (x, y) in enumerate(zip(ours, ll)) if x != y), min(len(ours), len(ll)))
-    print(f"{what}; {a.threads} threads; 64-token prompt, "
-          f"{a.tokens} greedy tokens; median of {a.repeat}")
-    print(f"{'':10} {'prompt tok/s':>13} {'greedy tok/s':>13}")
-    for s in ("ours", "llamacpp"):
-        print(f"{s:10} {med[s]['pp']:13.1f} {med[s]['tg']:13.2f}")
-    print(f"ours / llama.cpp: prompt {med['ours']['pp'] / med['llamacpp']['pp']:.2f}x, "
-          f"greedy {med['ours']['tg'] / med['llamacpp']['tg']:.2f}x")
-    print(f"greedy tokens identical for the first {agree} of {a.tokens}")
+            for q in a.qtype:
+                runs[(q, "ours")].append(_child("ours", tmp, a.tokens, a.threads, sys.executable, q))
+                runs[(q, "llamacpp")].append(_child("llamacpp", tmp, a.tokens, a.threads, a.llama_python, q))
+    med = {key: {k: statistics.median(r[k] for r in rs) for k in ("pp", "tg")} for key, rs in runs.items()}
+    print(f"{what}; {a.threads} threads; 64-token prompt, {a.tokens} greedy tokens; median of {a.repeat}")
+    rows = []
+    for q in a.qtype:
+        o, ll = med[(q, "ours")], med[(q, "llamacpp")]
+        ot, lt = runs[(q, "ours")][0]["tokens"], runs[(q, "llamacpp")][0]["tokens"]
+        agree = next((i for i, (x, y) in enumerate(zip(ot, lt)) if x != y), min(len(ot), len(lt)))
+        rows.append((q, f"{o['pp']:.1f}", f"{ll['pp']:.1f}", f"{o['pp'] / ll['pp']:.2f}x", f"{o['tg']:.2f}",
+                     f"{ll['tg']:.2f}", f"{o['tg'] / ll['tg']:.2f}x", f"{agree} of {a.tokens}"))
+    table(("weights", "ours prompt tok/s", "llama.cpp prompt tok/s", "ratio", "ours greedy tok/s",
+           "llama.cpp greedy tok/s", "ratio", "greedy tokens identical"), rows)
+    if "BF16" in a.qtype and "Q8_0" in a.qtype:
+        print(f"ours Q8_0 / ours BF16 greedy: {med[('Q8_0', 'ours')]['tg'] / med[('BF16', 'ours')]['tg']:.2f}x")
 
 
 if __name__ == "__main__":

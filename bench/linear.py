@@ -1,6 +1,6 @@
 """Our batch-invariant linear kernel vs torch's F.linear (MKL/oneDNN), measured side by side.
 
-    python bench/kernels.py [--threads 2] [--reps 15]
+    python bench/linear.py [--threads 2] [--reps 15]
 
 For each shape (K -> N), weight dtype and row count M, prints the median time of each and the
 ratio ours/torch (< 1: we are faster). Weights rotate through a pool larger than the L3 cache,
