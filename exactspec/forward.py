@@ -22,15 +22,49 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from . import kernels as K
+from . import tile
 from .kernels import PackedWeight
 
 
 def _embed(table, tokens, x):
-    """x[r] = table[tokens[r]] widened to float32 (table float32, or uint16 holding bfloat16 bits)."""
+    """x[r] = table[tokens[r]] widened to float32 (table float32, or uint16 holding bfloat16 bits, or a
+    packed Q8_0 weight (uint8, see kernels.pack_q8): row t is lane t % NL of block t // NL)."""
+
+
+_POW2 = np.array([2.0 ** (i - 40) for i in range(64)], np.float32)  # exact powers of two
+
+
+@njit(inline="always")
+def _f16(lo, hi):
+    """float16 bits (two bytes) -> float32, exactly: (1024 + m) * 2^(e-25), or m * 2^-24 subnormal."""
+    h = np.int64(lo) | (np.int64(hi) << 8)
+    e = (h >> 10) & 31
+    m = h & 1023
+    if e == 0:
+        v = np.float32(m) * _POW2[40 - 24]
+    elif e == 31:
+        v = np.float32(np.inf) if m == 0 else np.float32(np.nan)
+    else:
+        v = np.float32(1024 + m) * _POW2[e - 25 + 40]
+    return -v if h & 0x8000 else v
 
 
 @overload(_embed)
 def _embed_impl(table, tokens, x):
+    if table.dtype == types.uint8:
+        QK, NL, QB = tile.QK, tile.NL, tile.QK * tile.NL
+
+        def q8_rows(table, tokens, x):
+            for r in range(tokens.shape[0]):
+                b, j = tokens[r] // NL, tokens[r] % NL
+                for g in range(table.shape[1]):
+                    grp = table[b, g]
+                    sc = _f16(grp[QB + 2 * j], grp[QB + 2 * j + 1])
+                    for kk in range(QK):
+                        q = np.int32(grp[kk * NL + j])
+                        x[r, g * QK + kk] = np.float32(q - 256 if q > 127 else q) * sc  # exact
+        return q8_rows
+
     if table.dtype == types.uint16:
         def widen(table, tokens, x):
             bits = x.view(np.uint32)  # bfloat16 -> float32 is exact: the bf16 bits are the top half
@@ -46,13 +80,24 @@ def _embed_impl(table, tokens, x):
     return copy
 
 
+@njit(cache=True)
+def _embed_rows(table, tokens, x):
+    _embed(table, tokens, x)
+    return x
+
+
+def embed_rows(table: np.ndarray, tokens: np.ndarray, H: int) -> np.ndarray:
+    """(R, H) float32: the rows the compiled forward starts from (for forward_ref and tests)."""
+    return _embed_rows(table, tokens, np.empty((tokens.shape[0], H), np.float32))
+
+
 @njit(parallel=True, cache=True)
 def _forward(tokens, embed, slot, pos, out_rows, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, bo, mlp_norm, wgu, bgu, wdown,
              bdown, norm, head, Hq, Hkv, D, I, eps, scale, window, cos, sin, kc, vc, logits):
     # tokens (R,) -> logits (len(out_rows), V) float32. I: the intermediate size (the packed
     # weights' shapes do not show it: a Q8_0 weight's second axis counts groups of 32).
     R = tokens.shape[0]
-    H = embed.shape[1]
+    H = norm.shape[0]
     x = np.empty((R, H), np.float32)  # the residual stream
     _embed(embed, tokens, x)
     L = wqkv.shape[0]

@@ -116,11 +116,12 @@ class Transformer:
                 return K.pack_q8(np.concatenate([q for q, _ in qd]), np.concatenate([d for _, d in qd]), b)
             return K.pack_weight(torch.cat([store.get(n, s, wd) for n, s in parts]), b)
 
-        wd_embed = torch.float32 if quant != "none" else wd  # Q8_0 rows are exact in float32, not bfloat16
-        self.embed = store.get("model.embed_tokens.weight", (cfg.vocab_size, H), wd_embed)  # (V, H)
-        if quant == "q8_0":  # as a Q8_0 GGUF file has it: the lookup table's values quantized too
-            from .gguf_file import dequantize_q8, quantize_q8
-            self.embed = dequantize_q8(*quantize_q8(self.embed))
+        E = "model.embed_tokens.weight"
+        q8["embed"] = quant == "q8_0" or E in stored  # quantized as a Q8_0 GGUF file has it
+        # the lookup table: Q8_0 rows are read from the packed Q8_0 weight (dequantized as they are
+        # looked up), other tables are kept as `dtype` (float32 for a quantized model: GGUF F16 is exact)
+        embed = lin("embed", [(E, (cfg.vocab_size, H))], None) if q8["embed"] else \
+            store.get(E, (cfg.vocab_size, H), torch.float32 if quant != "none" else wd)  # (V, H)
         empty = np.empty(0, np.float32)
         st = None
         for i in range(cfg.n_layers):
@@ -149,15 +150,18 @@ class Transformer:
         self.stack = st
         self.layers: list[F.Layer] = [st.views(i) for i in range(cfg.n_layers)]
         self.norm = norm("model.norm.weight", H)
-        head = "model.embed_tokens.weight" if cfg.tie_word_embeddings or not store.has("lm_head.weight") \
-            else "lm_head.weight"
-        q8["head"] = quant == "q8_0" or head in stored
-        self.lm_head = lin("head", [(head, (cfg.vocab_size, H))], None) if q8["head"] or head != \
-            "model.embed_tokens.weight" else K.pack_weight(self.embed)
+        if cfg.tie_word_embeddings or not store.has("lm_head.weight"):  # the head is the embedding, one copy
+            self.lm_head = embed if q8["embed"] else K.pack_weight(embed)
+        else:
+            q8["head"] = quant == "q8_0" or "lm_head.weight" in stored
+            self.lm_head = lin("head", [("lm_head.weight", (cfg.vocab_size, H))], None)
         self.cos, self.sin = K.rope_table(inv_freq(cfg), max_context)  # (C, D) each
         self.scale = 1.0 / math.sqrt(D)
-        e = self.embed.contiguous()
-        self._embed_np = e.view(torch.int16).numpy().view(np.uint16) if e.dtype == torch.bfloat16 else e.numpy()
+        if q8["embed"]:
+            self._embed_np = embed.data  # (nblk, H/32, GROUP_BYTES) uint8: F.embed_rows reads a row's lane
+        else:
+            e = embed.contiguous()
+            self._embed_np = e.view(torch.int16).numpy().view(np.uint16) if e.dtype == torch.bfloat16 else e.numpy()
         self._cos_np, self._sin_np = self.cos.numpy(), self.sin.numpy()
 
     @property
@@ -194,13 +198,17 @@ class Transformer:
                            self._sin_np, cache.k.numpy(), cache.v.numpy())
         return torch.from_numpy(logits)
 
+    def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(R, H) float32 rows of the embedding table, as the compiled forward looks them up."""
+        return torch.from_numpy(F.embed_rows(self._embed_np, tokens.numpy(), self.cfg.hidden_size))
+
     def forward_ref(self, tokens: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, cache: KVCache,
                     out_rows: torch.Tensor | None = None) -> torch.Tensor:
         """The readable twin of `forward`: one kernel call per step, in data-flow order."""
         self._check(tokens.numpy(), pos.numpy(), slot.numpy(), cache)
         c = self.cfg
         R, D, Hq, Hkv = tokens.shape[0], c.head_dim, c.n_heads, c.n_kv_heads
-        x = self.embed[tokens].float()  # (R, H)
+        x = self.embed_rows(tokens)  # (R, H)
         window = c.sliding_window or 0
         for i, L in enumerate(self.layers):
             h = K.rmsnorm(x, L.attn_norm, c.rms_norm_eps)

@@ -63,6 +63,11 @@ def test_q8_gguf_kept_quantized_equals_it_dequantized(arch, tmp_path):
     L = kept.net.layers[0]
     assert all(w.q8 for w in (L.wqkv, L.wo, L.w_gate, L.w_up, L.w_down, kept.net.lm_head))
     assert not deq.net.layers[0].wqkv.q8
+    V = kept.cfg.vocab_size
+    every = torch.arange(V)
+    assert torch.equal(kept.net.embed_rows(every), deq.net.embed_rows(every))  # looked up from the Q8_0 blocks
+    if kept.cfg.tie_word_embeddings:  # one copy: the lookup reads the packed head
+        assert kept.net._embed_np is kept.net.lm_head.data
     ids = _ids()
     assert torch.equal(kept.logits(ids), deq.logits(ids))
     with torch.no_grad():
