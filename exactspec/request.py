@@ -8,6 +8,7 @@ Knows only token ids: text is encoded by the caller (api.Model, the server) befo
 """
 from __future__ import annotations
 
+import numbers
 import secrets
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -70,13 +71,15 @@ def check_prompt(ids: Iterable, limits: Limits, name: str = "prompt", room: int 
     field = name.split(" ")[0]  # "prompt 3" (of a batch) is the field "prompt"
     if isinstance(ids, (str, bytes)):
         raise InvalidRequest(f"{name}: expected token ids, got text (encode it with the model's tokenizer)", field)
+    if hasattr(ids, "tolist"):  # a numpy array or torch tensor of ids
+        ids = ids.tolist()
     try:
         out = tuple(ids)
     except TypeError:
         raise InvalidRequest(f"{name}: expected a list of int token ids, got {type(ids).__name__}", field) from None
     if not out:
         raise InvalidRequest(f"{name} is empty: at least one token is needed", field)
-    bad = next((t for t in out if isinstance(t, bool) or not isinstance(t, int)), None)
+    bad = next((t for t in out if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
     if bad is not None:
         raise InvalidRequest(f"{name}: token ids must be integers, got {bad!r}", field)
     bad = next((t for t in out if not 0 <= t < limits.vocab_size), None)

@@ -175,6 +175,15 @@ def test_every_bad_input_is_one_named_error(ckpt, call, exc, field, message):
     assert len(m.generate([3, 4], 4, ignore_eos=True).token_ids) == 4  # nothing half-done
 
 
+def test_token_ids_of_any_integer_type(ckpt):
+    import numpy as np
+    m = exactspec.load(ckpt("llama"))
+    want = m.generate([3, 4, 5], 6).token_ids
+    for ids in (np.array([3, 4, 5]), torch.tensor([3, 4, 5]), [np.int64(3), np.int32(4), 5], (3, 4, 5)):
+        assert m.generate(ids, 6).token_ids == want
+    assert torch.equal(m.logits(np.array([3, 4, 5])), m.logits([3, 4, 5]))
+
+
 def test_only_request_checks_the_context():
     """One context-length check in the package: request.check_prompt (the forward's guard is not an input check)."""
     import pathlib
