@@ -1,11 +1,10 @@
 """What the benches share: the Qwen2.5-0.5B shape, the machine's read bandwidth, a timer, a
-markdown table. Benches run as scripts (`python bench/x.py`), so this is imported as `common`."""
+markdown table. Benches run as scripts (`python bench/x.py`), so this is imported as `common`
+(also by a Python that has llama-cpp-python but no torch)."""
 from __future__ import annotations
 
 import time
 from typing import Callable, Sequence
-
-import torch
 
 # Qwen2.5-0.5B's shape (random weights are made from it; 896 hidden, 24 layers, 14/2 heads)
 QWEN_05B = dict(vocab_size=32000, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
@@ -21,6 +20,7 @@ def timed(f: Callable[[], object]) -> float:
 
 def read_bandwidth() -> float:
     """Bytes/s of torch.sum over 1 GiB of float32 (best of 5): the memory-bandwidth limit's base."""
+    import torch  # here: compare_llamacpp's llama.cpp side imports this module without torch
     x = torch.ones(256 * 1024 * 1024)
     x.sum()
     return x.numel() * 4 / min(timed(x.sum) for _ in range(5))
