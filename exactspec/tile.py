@@ -57,80 +57,109 @@ QK = 32
 GROUP_BYTES = QK * NL + 2 * NL
 
 
+class _Frame:
+    """What both tile bodies share: the operands as pointers (x's row m0, weight block b as `welt`*,
+    the output tile), the two intrinsics, the broadcast of x[m0 + r, k], the prefetch, the store."""
+
+    def __init__(self, context, builder, signature, args, welt):
+        xv, m0v, wv, bv, tv = args
+        xty, _, wty, _, tty = signature.args
+        self.b = builder
+        self.i64, self.i32, self.vf = ir.IntType(64), ir.IntType(32), ir.VectorType(ir.FloatType(), V)
+        xa = context.make_array(xty)(context, builder, xv)
+        self.wa = context.make_array(wty)(context, builder, wv)
+        ta = context.make_array(tty)(context, builder, tv)
+        self.sx = builder.udiv(cgutils.unpack_tuple(builder, xa.strides, 2)[0], ir.Constant(self.i64, 4))
+        self.xbase = builder.gep(xa.data, [builder.mul(m0v, self.sx)])  # float*: row m0, k = 0
+        sb = cgutils.unpack_tuple(builder, self.wa.strides, 3)[0]  # bytes between blocks (a view may skip some)
+        self.wbase = builder.inttoptr(builder.add(builder.ptrtoint(self.wa.data, self.i64), builder.mul(bv, sb)),
+                                      welt.as_pointer())
+        self.tbase = builder.bitcast(ta.data, ir.FloatType().as_pointer())
+        vf = self.vf
+        self.fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]),
+                                                  "llvm.fma.v16f32")
+        self.i8p = ir.IntType(8).as_pointer()
+        self.pf = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [self.i8p, self.i32, self.i32, self.i32]),
+            "llvm.prefetch.p0i8")
+
+    def c64(self, v: int):
+        return ir.Constant(self.i64, v)
+
+    def rows(self, k, mr: int) -> list:
+        """x[m0 + r, k] broadcast to all lanes, r = 0 .. mr-1."""
+        b, vf = self.b, self.vf
+        bcast = ir.Constant(ir.VectorType(self.i32, V), [0] * V)
+        out = []
+        for r in range(mr):
+            xr = b.load(b.gep(self.xbase, [b.add(b.mul(self.c64(r), self.sx), k)]))
+            xr = b.insert_element(ir.Constant(vf, ir.Undefined), xr, ir.Constant(self.i32, 0))
+            out.append(b.shuffle_vector(xr, ir.Constant(vf, ir.Undefined), bcast))
+        return out
+
+    def prefetch(self, ptr, mr: int) -> None:
+        i32 = self.i32
+        self.b.call(self.pf, [self.b.bitcast(ptr, self.i8p), ir.Constant(i32, 0), ir.Constant(i32, 2 if mr == 1 else 3),
+                              ir.Constant(i32, 1)])
+
+    def accumulators(self, mr: int, pre) -> list:
+        """mr x NL/V phi vectors, +0.0 on entry from `pre`."""
+        acc = [[self.b.phi(self.vf) for _ in range(NL // V)] for _ in range(mr)]
+        for row in acc:
+            for a in row:
+                a.add_incoming(ir.Constant(self.vf, None), pre)
+        return acc
+
+    def store(self, new: list, mr: int) -> None:
+        for r in range(mr):
+            for v in range(NL // V):
+                p = self.b.gep(self.tbase, [self.c64(r * NL + v * V)])
+                self.b.store(new[r][v], self.b.bitcast(p, self.vf.as_pointer()), align=4)
+
+
 def _make(mr: int):
     @intrinsic
     def tile(typingctx, x, m0, w, b, t):
         sig = types.void(x, m0, w, b, t)
-        bf16 = w.dtype == types.uint16
         if w.dtype == types.uint8:
             return sig, _q8_codegen(mr)
+        bf16 = w.dtype == types.uint16
 
         def codegen(context, builder, signature, args):
-            xv, m0v, wv, bv, tv = args
-            xty, _, wty, _, tty = signature.args
-            i64, i32, f32 = ir.IntType(64), ir.IntType(32), ir.FloatType()
-            vf = ir.VectorType(f32, V)
-            welt = ir.IntType(16) if bf16 else f32
-            xa = context.make_array(xty)(context, builder, xv)
-            wa = context.make_array(wty)(context, builder, wv)
-            ta = context.make_array(tty)(context, builder, tv)
-            K = cgutils.unpack_tuple(builder, wa.shape, 3)[1]
-            sx = builder.udiv(cgutils.unpack_tuple(builder, xa.strides, 2)[0], ir.Constant(i64, 4))
-            xbase = builder.gep(xa.data, [builder.mul(m0v, sx)])  # float*: row m0, k = 0
-            sb = cgutils.unpack_tuple(builder, wa.strides, 3)[0]  # bytes between blocks (a view may skip some)
-            wbase = builder.inttoptr(builder.add(builder.ptrtoint(wa.data, i64), builder.mul(bv, sb)),
-                                     welt.as_pointer())
-            tbase = builder.bitcast(ta.data, f32.as_pointer())
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]),
-                                                 "llvm.fma.v16f32")
-            i8p = ir.IntType(8).as_pointer()
-            prefetch = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
-            bcast = ir.Constant(ir.VectorType(i32, V), [0] * V)
-
+            welt = ir.IntType(16) if bf16 else ir.FloatType()
+            f = _Frame(context, builder, signature, args, welt)
+            i32, vf = f.i32, f.vf
+            K = cgutils.unpack_tuple(builder, f.wa.shape, 3)[1]
             pre = builder.block
             loop = builder.append_basic_block("tile.k")
             done = builder.append_basic_block("tile.done")
             builder.branch(loop)
             builder.position_at_end(loop)
-            k = builder.phi(i64)
-            k.add_incoming(ir.Constant(i64, 0), pre)
-            acc = [[builder.phi(vf) for _ in range(NL // V)] for _ in range(mr)]
-            for row in acc:
-                for a in row:
-                    a.add_incoming(ir.Constant(vf, None), pre)  # +0.0
-            xs = []
-            for r in range(mr):  # x[m0 + r, k] broadcast to all lanes
-                xr = builder.load(builder.gep(xbase, [builder.add(builder.mul(ir.Constant(i64, r), sx), k)]))
-                xr = builder.insert_element(ir.Constant(vf, ir.Undefined), xr, ir.Constant(i32, 0))
-                xs.append(builder.shuffle_vector(xr, ir.Constant(vf, ir.Undefined), bcast))
-            krow = builder.mul(k, ir.Constant(i64, NL))
+            k = builder.phi(f.i64)
+            k.add_incoming(f.c64(0), pre)
+            acc = f.accumulators(mr, pre)
+            xs = f.rows(k, mr)
+            krow = builder.mul(k, f.c64(NL))
             size = 2 if bf16 else 4
             for line in range(NL * size // 64):  # every cache line of the k-row (1 for bf16, 2 for f32)
-                ahead = (PREFETCH_BYTES + 64 * line) // size
-                pf = builder.gep(wbase, [builder.add(krow, ir.Constant(i64, ahead))])
-                builder.call(prefetch, [builder.bitcast(pf, i8p), ir.Constant(i32, 0),
-                                        ir.Constant(i32, 2 if mr == 1 else 3), ir.Constant(i32, 1)])
+                f.prefetch(builder.gep(f.wbase, [builder.add(krow, f.c64((PREFETCH_BYTES + 64 * line) // size))]), mr)
             new = [[None] * (NL // V) for _ in range(mr)]
             for v in range(NL // V):
-                p = builder.gep(wbase, [builder.add(krow, ir.Constant(i64, v * V))])
+                p = builder.gep(f.wbase, [builder.add(krow, f.c64(v * V))])
                 wvec = builder.load(builder.bitcast(p, ir.VectorType(welt, V).as_pointer()), align=2 if bf16 else 4)
                 if bf16:  # bfloat16 -> float32 is exact: the bf16 bits are the top half of the float32
                     wvec = builder.zext(wvec, ir.VectorType(i32, V))
                     wvec = builder.bitcast(builder.shl(wvec, ir.Constant(ir.VectorType(i32, V), [16] * V)), vf)
                 for r in range(mr):
-                    new[r][v] = builder.call(fma, [xs[r], wvec, acc[r][v]])
-            k1 = builder.add(k, ir.Constant(i64, 1))
+                    new[r][v] = builder.call(f.fma, [xs[r], wvec, acc[r][v]])
+            k1 = builder.add(k, f.c64(1))
             k.add_incoming(k1, loop)
             for r in range(mr):
                 for v in range(NL // V):
                     acc[r][v].add_incoming(new[r][v], loop)
             builder.cbranch(builder.icmp_signed("<", k1, K), loop, done)
             builder.position_at_end(done)
-            for r in range(mr):
-                for v in range(NL // V):
-                    p = builder.gep(tbase, [ir.Constant(i64, r * NL + v * V)])
-                    builder.store(new[r][v], builder.bitcast(p, vf.as_pointer()), align=4)
+            f.store(new, mr)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -160,26 +189,9 @@ def _f16_to_f32(builder, h):
 
 def _q8_codegen(mr: int):
     def codegen(context, builder, signature, args):
-        xv, m0v, wv, bv, tv = args
-        xty, _, wty, _, tty = signature.args
-        i8, i16, i64, i32, f32 = ir.IntType(8), ir.IntType(16), ir.IntType(64), ir.IntType(32), ir.FloatType()
-        vf = ir.VectorType(f32, V)
-        xa = context.make_array(xty)(context, builder, xv)
-        wa = context.make_array(wty)(context, builder, wv)
-        ta = context.make_array(tty)(context, builder, tv)
-        G = cgutils.unpack_tuple(builder, wa.shape, 3)[1]  # groups of QK k's
-        sx = builder.udiv(cgutils.unpack_tuple(builder, xa.strides, 2)[0], ir.Constant(i64, 4))
-        xbase = builder.gep(xa.data, [builder.mul(m0v, sx)])
-        sb = cgutils.unpack_tuple(builder, wa.strides, 3)[0]
-        wbase = builder.inttoptr(builder.add(builder.ptrtoint(wa.data, i64), builder.mul(bv, sb)), i8.as_pointer())
-        tbase = builder.bitcast(ta.data, f32.as_pointer())
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
-        i8p = i8.as_pointer()
-        prefetch = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
-        bcast = ir.Constant(ir.VectorType(i32, V), [0] * V)
-        zero = ir.Constant(vf, None)
-
+        i8, i16 = ir.IntType(8), ir.IntType(16)
+        f = _Frame(context, builder, signature, args, i8)
+        G = cgutils.unpack_tuple(builder, f.wa.shape, 3)[1]  # groups of QK k's
         pre = builder.block
         gloop = builder.append_basic_block("q8.g")
         kloop = builder.append_basic_block("q8.k")
@@ -188,62 +200,50 @@ def _q8_codegen(mr: int):
         builder.branch(gloop)
         # outer loop: group g; its NL scales widened once (f16 -> f32 is exact)
         builder.position_at_end(gloop)
-        g = builder.phi(i64)
-        g.add_incoming(ir.Constant(i64, 0), pre)
-        gacc = [[builder.phi(vf) for _ in range(NL // V)] for _ in range(mr)]
-        for row in gacc:
-            for a in row:
-                a.add_incoming(zero, pre)  # +0.0
-        gb = builder.gep(wbase, [builder.mul(g, ir.Constant(i64, GROUP_BYTES))])
+        g = builder.phi(f.i64)
+        g.add_incoming(f.c64(0), pre)
+        gacc = f.accumulators(mr, pre)
+        gb = builder.gep(f.wbase, [builder.mul(g, f.c64(GROUP_BYTES))])
         scales = []
         for v in range(NL // V):
-            p = builder.gep(gb, [ir.Constant(i64, QK * NL + 2 * V * v)])
+            p = builder.gep(gb, [f.c64(QK * NL + 2 * V * v)])
             h = builder.load(builder.bitcast(p, ir.VectorType(i16, V).as_pointer()), align=2)
             scales.append(_f16_to_f32(builder, h))
         gpre = builder.block
         builder.branch(kloop)
         # inner loop: kk = 0 .. QK-1 within the group, k = g * QK + kk
         builder.position_at_end(kloop)
-        kk = builder.phi(i64)
-        kk.add_incoming(ir.Constant(i64, 0), gpre)
-        acc = [[builder.phi(vf) for _ in range(NL // V)] for _ in range(mr)]
+        kk = builder.phi(f.i64)
+        kk.add_incoming(f.c64(0), gpre)
+        acc = [[builder.phi(f.vf) for _ in range(NL // V)] for _ in range(mr)]
         for r in range(mr):
             for v in range(NL // V):
                 acc[r][v].add_incoming(gacc[r][v], gpre)
-        k = builder.add(builder.mul(g, ir.Constant(i64, QK)), kk)
-        xs = []
-        for r in range(mr):
-            xr = builder.load(builder.gep(xbase, [builder.add(builder.mul(ir.Constant(i64, r), sx), k)]))
-            xr = builder.insert_element(ir.Constant(vf, ir.Undefined), xr, ir.Constant(i32, 0))
-            xs.append(builder.shuffle_vector(xr, ir.Constant(vf, ir.Undefined), bcast))
-        krow = builder.gep(gb, [builder.mul(kk, ir.Constant(i64, NL))])
-        pf = builder.gep(krow, [ir.Constant(i64, PREFETCH_BYTES)])
-        builder.call(prefetch, [pf, ir.Constant(i32, 0), ir.Constant(i32, 2 if mr == 1 else 3), ir.Constant(i32, 1)])
+        xs = f.rows(builder.add(builder.mul(g, f.c64(QK)), kk), mr)
+        krow = builder.gep(gb, [builder.mul(kk, f.c64(NL))])
+        f.prefetch(builder.gep(krow, [f.c64(PREFETCH_BYTES)]), mr)
         new = [[None] * (NL // V) for _ in range(mr)]
         for v in range(NL // V):
-            p = builder.gep(krow, [ir.Constant(i64, v * V)])
+            p = builder.gep(krow, [f.c64(v * V)])
             q = builder.load(builder.bitcast(p, ir.VectorType(i8, V).as_pointer()), align=1)
-            wvec = builder.fmul(builder.sitofp(q, vf), scales[v])  # exact: the dequantized weight
+            wvec = builder.fmul(builder.sitofp(q, f.vf), scales[v])  # exact: the dequantized weight
             for r in range(mr):
-                new[r][v] = builder.call(fma, [xs[r], wvec, acc[r][v]])
-        kk1 = builder.add(kk, ir.Constant(i64, 1))
+                new[r][v] = builder.call(f.fma, [xs[r], wvec, acc[r][v]])
+        kk1 = builder.add(kk, f.c64(1))
         kk.add_incoming(kk1, kloop)
         for r in range(mr):
             for v in range(NL // V):
                 acc[r][v].add_incoming(new[r][v], kloop)
-        builder.cbranch(builder.icmp_signed("<", kk1, ir.Constant(i64, QK)), kloop, gnext)
+        builder.cbranch(builder.icmp_signed("<", kk1, f.c64(QK)), kloop, gnext)
         builder.position_at_end(gnext)
-        g1 = builder.add(g, ir.Constant(i64, 1))
+        g1 = builder.add(g, f.c64(1))
         g.add_incoming(g1, gnext)
         for r in range(mr):
             for v in range(NL // V):
                 gacc[r][v].add_incoming(new[r][v], gnext)
         builder.cbranch(builder.icmp_signed("<", g1, G), gloop, done)
         builder.position_at_end(done)
-        for r in range(mr):
-            for v in range(NL // V):
-                p = builder.gep(tbase, [ir.Constant(i64, r * NL + v * V)])
-                builder.store(new[r][v], builder.bitcast(p, vf.as_pointer()), align=4)
+        f.store(new, mr)
         return context.get_dummy_value()
 
     return codegen

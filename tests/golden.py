@@ -30,8 +30,8 @@ def _ints(rng, shape, scale):
     return torch.from_numpy((rng.integers(-64, 65, shape).astype(np.float32) / np.float32(64) * np.float32(scale)))
 
 
-def build(folder: Path, dtype: torch.dtype) -> Path:
-    c = CONFIG
+def build(folder: Path, dtype: torch.dtype, **over) -> Path:
+    c = {**CONFIG, **over}
     H, I, V, D = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["hidden_size"] // c["num_attention_heads"]
     rng = np.random.default_rng(1234)
     t = {"model.embed_tokens.weight": _ints(rng, (V, H), 1.0), "lm_head.weight": _ints(rng, (V, H), 0.25),
@@ -46,7 +46,7 @@ def build(folder: Path, dtype: torch.dtype) -> Path:
             t[p + f"mlp.{name}.weight"] = _ints(rng, shape, 0.125)
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.to(dtype).contiguous() for k, v in t.items()}, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps({**CONFIG, "torch_dtype": str(dtype)[6:]}))
+    (folder / "config.json").write_text(json.dumps({**c, "torch_dtype": str(dtype)[6:]}))
     return folder
 
 
@@ -76,6 +76,19 @@ def record() -> dict:
             out[f"greedy_{dt}"] = g.token_ids
             out[f"lookup_equals_greedy_{dt}"] = s.token_ids == g.token_ids
             out[f"sampled_{dt}"] = t.token_ids
+        # Q8_0 kept quantized (the int8 widening, the float16 scales in integer ops): its own generator,
+        # so the records above stay as they were; K = 64 and I = 160 are whole groups of 32
+        rng8 = np.random.default_rng(8)
+        from exactspec.gguf_file import quantize_q8
+        p = K.pack_q8(*quantize_q8(_ints(rng8, (77, 64), 0.3)))
+        x = _ints(rng8, (13, 64), 1.7) + _ints(rng8, (13, 64), 1e-3)
+        out["linear_q8_0"] = _sha(torch.cat([K.linear(x[:m], p) for m in range(1, 14)]))
+        model = exactspec.load(build(Path(tmp) / "q8", torch.float32, intermediate_size=160), quantize="q8_0")
+        out["logits_q8_0"] = _sha(model.logits(prompt))
+        g = model.generate(prompt, 40, ignore_eos=True)
+        out["greedy_q8_0"] = g.token_ids
+        out["lookup_equals_greedy_q8_0"] = g.token_ids == model.generate(
+            prompt, 40, ignore_eos=True, draft="lookup", num_draft_tokens=3).token_ids
     return out
 
 
