@@ -47,7 +47,7 @@ def measure(model, prompt: list[int], tokens: int, repeat: int, bw: float) -> di
     times = {}
     for m in (1, 5, 8, 9):
         rows = Rows()
-        rows.add(0, prompt[:m], n, all_logits=True)
+        rows.add(0, prompt[:m], n, logits_from=0)
         times[m] = statistics.median(timed(lambda: rows.forward(net, cache)) for _ in range(repeat))
     wbytes = sum(p.data.nbytes for L in net.layers for p in (L.wqkv, L.wo, L.w_gate, L.w_up, L.w_down))
     wbytes += net.lm_head.data.nbytes

@@ -19,6 +19,7 @@ from .gguf_file import GGUFFile
 from .loop import BatchStats, Stats, run_batch
 from .model import DTYPES, Rows, Transformer
 from .request import Limits, Request, check_prompt, make_request
+from .sampling import TokenLogprob, token_logprobs
 from .sources import is_gguf, resolve
 from .tokenizer import StreamDecoder, Tokenizer
 from .weights import TensorStore
@@ -31,6 +32,7 @@ class GenerationResult:
     finish_reason: str  # "stop" (EOS) | "length"
     stats: Stats  # this sequence's figures
     batch: BatchStats  # the whole call's figures (one object shared by the results of a generate_batch)
+    logprobs: list[TokenLogprob] | None = None  # per new token, when asked (logprobs=k)
 
 
 class Model:
@@ -63,8 +65,36 @@ class Model:
             return torch.empty(0, self.cfg.vocab_size)  # (0, V)
         ids = check_prompt(ids, self.net.limits, "token_ids")
         rows = Rows()
-        rows.add(0, ids, 0, all_logits=True)
+        rows.add(0, ids, 0, logits_from=0)
         return rows.forward(self.net, self.net.new_cache(1, len(ids)))
+
+    def score(self, prompt: str | Sequence[int], continuation: str | Sequence[int], top: int = 0
+              ) -> list[TokenLogprob]:
+        """Teacher-forced logprobs of `continuation` after `prompt`, one forward: the same floats
+        generation reports for those tokens (any drafter, batch, cache or thread count). To score a
+        prompt itself: score(prompt[:1], prompt[1:])."""
+        return self.score_batch([(prompt, continuation)], top)[0]
+
+    def score_batch(self, pairs: Sequence[tuple], top: int = 0) -> list[list[TokenLogprob]]:
+        """score() of many (prompt, continuation) pairs, all in one forward."""
+        rows, seqs = Rows(), []
+        for i, (p, c) in enumerate(pairs):
+            p = list(self.encode(p))
+            c = list(self.encode(c) if not isinstance(c, str) or not c else self.tokenizer.encode(c, add_special_tokens=False))
+            if not p:
+                raise InvalidRequest("prompt is empty: the first token has no logprob", "prompt")
+            ids = check_prompt(p + c, self.net.limits, "prompt + continuation")
+            if c:  # the rows that predict the continuation: positions len(p)-1 .. len(ids)-2
+                rows.add(i, ids[:-1], 0, logits_from=len(p) - 1)
+            seqs.append((ids, len(p)))
+        if not rows.out:
+            return [[] for _ in seqs]
+        logits = rows.forward(self.net, self.net.new_cache(len(seqs), max(len(ids) for ids, _ in seqs)))
+        out, r = [], 0
+        for ids, n in seqs:
+            out.append(token_logprobs(logits[r: r + len(ids) - n], ids[n:], top))
+            r += len(ids) - n
+        return out
 
     # -- generation -----------------------------------------------------------------------------
     def request(self, prompt: str | Sequence[int], max_new_tokens: int | None = 128, *, ignore_eos: bool = False,
@@ -86,6 +116,7 @@ class Model:
                        num_draft_tokens: int | str = 4, draft_confidence: float = 0.0, lookup_max_ngram: int = 3,
                        temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                        repetition_penalty: float = 1.0, seed: int | None | Sequence[int | None] = 0,
+                       logprobs: int | None = None,
                        on_text: Callable[[int, str], None] | None = None) -> list[GenerationResult]:
         """Decode a batch of prompts. `draft`: None (plain), "lookup" (prompt lookup) or another
         Model sharing the tokenizer. The token ids never depend on draft, num_draft_tokens or
@@ -100,7 +131,7 @@ class Model:
         drafter = self.make_drafter(draft, draft_confidence, lookup_max_ngram)
         reqs = [self.request(p, max_new_tokens, ignore_eos=ignore_eos, temperature=temperature, top_k=top_k,
                              top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=sd,
-                             num_draft_tokens=num_draft_tokens if drafter is not None else 0,
+                             num_draft_tokens=num_draft_tokens if drafter is not None else 0, logprobs=logprobs,
                              name="prompt" if len(prompts) == 1 else f"prompt {i}")
                 for i, (p, sd) in enumerate(zip(prompts, seeds))]
         streams = [StreamDecoder(self.tokenizer) for _ in reqs] if on_text and self.tokenizer else None
@@ -113,8 +144,8 @@ class Model:
             for i, st in enumerate(streams):
                 if piece := st.flush():
                     on_text(i, piece)
-        return [GenerationResult(s.generated, self.decode(s.generated), s.finish_reason, s.stats, batch)
-                for s in seqs]
+        return [GenerationResult(s.generated, self.decode(s.generated), s.finish_reason, s.stats, batch,
+                                 s.logprobs if logprobs is not None else None) for s in seqs]
 
     def make_drafter(self, draft, confidence: float = 0.0, max_ngram: int = 3) -> Drafter | None:
         """The drafter for `draft`, checked against this target: None, "lookup", or a Model with

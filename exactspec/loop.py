@@ -21,7 +21,7 @@ from .drafters import Drafter
 from .errors import GenerationError
 from .model import Rows, Transformer
 from .request import Request
-from .sampling import pick, pick_rows
+from .sampling import TokenLogprob, pick, pick_rows, token_logprobs
 
 
 @dataclass
@@ -101,6 +101,7 @@ class SeqState:
     prefilled: bool = False
     joined_at: float = field(default_factory=time.perf_counter)
     stats: Stats = field(default_factory=Stats)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if the request asks
 
     @property
     def generated(self) -> list[int]:
@@ -202,7 +203,7 @@ class Batch:
         for s in new:  # the whole prompt; only its last row's logits are needed
             rows.add(s.slot, s.tokens, 0)
         for s, d in zip(old, drafts):  # [last token] + drafts at positions len-1, len, ...
-            rows.add(s.slot, [s.tokens[-1]] + d, len(s.tokens) - 1, all_logits=True)
+            rows.add(s.slot, [s.tokens[-1]] + d, len(s.tokens) - 1, logits_from=0)
         if self.fault is not None:
             for s in new + old:
                 self.fault(s)
@@ -220,28 +221,28 @@ class Batch:
                 self._fail(s, e)
                 out.append((s, []))
                 continue
-            out.append((s, self._commit(s, [t])))
+            out.append((s, self._commit(s, [t], logits[i: i + 1])))
         r = len(new)
         for s, d in zip(old, drafts):
             n = len(s.tokens)
+            rows = logits[r: r + len(d) + 1]
+            r += len(d) + 1
             try:
-                choice = pick_rows(logits[r: r + len(d) + 1], s.req.params, range(n, n + len(d) + 1), s.tokens, d)
+                choice = pick_rows(rows, s.req.params, range(n, n + len(d) + 1), s.tokens, d)
             except Exception as e:
                 self._fail(s, e)
                 out.append((s, []))
                 continue
-            finally:
-                r += len(d) + 1
             a = 0
             while a < len(d) and d[a] == choice[a]:
                 a += 1
             s.stats.count_step(len(d), a)
             s.k = s.req.draft_len.update(s.k, len(d), a)
-            out.append((s, self._commit(s, d[:a] + [choice[a]])))
+            out.append((s, self._commit(s, d[:a] + [choice[a]], rows)))
         return out
 
-    def _commit(self, s: SeqState, new: list[int]) -> list[int]:
-        """Append tokens until a stop; returns the ones appended."""
+    def _commit(self, s: SeqState, new: list[int], rows: torch.Tensor) -> list[int]:
+        """Append tokens until a stop; returns the ones appended. rows[i]: the logits that predicted new[i]."""
         kept = []
         for t in new:
             s.tokens.append(t)
@@ -252,6 +253,8 @@ class Batch:
                 s.finish_reason = "length"
             if s.finish_reason:
                 break
+        if s.req.logprobs is not None and kept:
+            s.logprobs += token_logprobs(rows, kept, s.req.logprobs)
         now = time.perf_counter()
         st = s.stats
         st.forward_passes += 1

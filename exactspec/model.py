@@ -44,14 +44,14 @@ class Rows:
         self.pos: list[int] = []
         self.out: list[int] = []  # indexes into the rows above, in the order the logits come back
 
-    def add(self, slot: int, tokens: Sequence[int], start: int, all_logits: bool = False) -> None:
+    def add(self, slot: int, tokens: Sequence[int], start: int, logits_from: int | None = None) -> None:
         """`tokens` of the sequence in `slot` at positions start, start + 1, ...; the logits of the
-        last of them, or of every one (a verify chunk, scoring)."""
+        last of them (None), or of tokens[logits_from:] (0: every one, a verify chunk; scoring)."""
         first = len(self.tok)
         self.tok += tokens
         self.slot += [slot] * len(tokens)
         self.pos += range(start, start + len(tokens))
-        self.out += range(first, len(self.tok)) if all_logits else [len(self.tok) - 1]
+        self.out += [len(self.tok) - 1] if logits_from is None else range(first + logits_from, len(self.tok))
 
     def forward(self, net: "Transformer", cache: KVCache) -> torch.Tensor:
         """(len(out), V) float32 logits; writes every row's keys and values into `cache`."""

@@ -17,6 +17,9 @@ from .errors import ContextLengthError, InvalidRequest
 from .sampling import SamplingParams
 
 
+MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's API allows
+
+
 @dataclass(frozen=True)
 class Limits:
     """What a request is checked against: the target's vocabulary and its context (max_context),
@@ -57,6 +60,7 @@ class Request:
     eos: frozenset[int] = frozenset()  # stop after any of these ids ("stop"); empty = ignore EOS
     stop: tuple[str, ...] = ()  # stop strings: matched on text by the caller that has a tokenizer
     draft_len: DraftLength = field(default_factory=DraftLength)  # speculation: k per verify step
+    logprobs: int | None = None  # per generated token: its logprob and this many alternatives; None = off
 
 
 def _int(name: str, v, lo: int = 0) -> int:
@@ -97,7 +101,7 @@ def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                  repetition_penalty: float = 1.0, seed: int | None = 0, eos: Iterable[int] = (),
                  stop: str | Iterable[str] | None = None, num_draft_tokens: int | str = 0,
-                 name: str = "prompt") -> Request:
+                 logprobs: int | None = None, name: str = "prompt") -> Request:
     """A validated Request, or InvalidRequest naming the field. max_new_tokens=None: as many as the
     context holds. seed=None: greedy ignores it; sampling draws a fresh one (kept in the Request's
     params, reported in the result's stats) so the run can be replayed."""
@@ -120,4 +124,7 @@ def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 
         raise InvalidRequest(f"stop: {len(stops)} stop strings; at most {limits.max_stops} are allowed", "stop")
     if limits.max_stop_chars is not None and any(len(s) > limits.max_stop_chars for s in stops):
         raise InvalidRequest(f"stop: a stop string is longer than {limits.max_stop_chars} characters", "stop")
-    return Request(ids, params, max_new_tokens, eos_ids, tuple(s for s in stops if s), DraftLength(num_draft_tokens))
+    if logprobs is not None and (_int("logprobs", logprobs) > MAX_TOP_LOGPROBS):
+        raise InvalidRequest(f"logprobs={logprobs}: at most {MAX_TOP_LOGPROBS} alternatives", "logprobs")
+    return Request(ids, params, max_new_tokens, eos_ids, tuple(s for s in stops if s), DraftLength(num_draft_tokens),
+                   logprobs)

@@ -137,3 +137,27 @@ def pick_rows(logits: torch.Tensor, p: SamplingParams, positions: Sequence[int],
     if p.greedy and p.repetition_penalty == 1.0:
         return torch.argmax(logits, dim=-1).tolist()
     return [pick(logits[i], p, positions[i], history + list(drafts[:i])) for i in range(logits.shape[0])]
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability under the target's raw distribution (log_softmax of its logits,
+    before temperature and filters), and the `top` most likely tokens at that position."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int = 0) -> list[TokenLogprob]:
+    """logits (n, V) of consecutive positions, tokens (n,) the tokens at them -> their logprobs.
+    Row-local and computed by our kernel (fixed order), so a position's logprob is a function of
+    its prefix alone, like its logits: the same in plain decoding, a verify chunk or a scoring pass."""
+    lp = K.log_softmax(logits[: len(tokens)]).numpy()
+    out = []
+    for row, t in zip(lp, tokens):
+        alt = ()
+        if top:
+            best = np.argsort(-row, kind="stable")[:top]  # ties: the lower id first
+            alt = tuple((int(i), float(row[i])) for i in best)
+        out.append(TokenLogprob(int(t), float(row[t]), alt))
+    return out
