@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--protect-metrics", action="store_true", help="require the key on /health and /metrics too")
     v.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
     v.add_argument("--max-stops", type=int, default=16, help="stop strings per request")
+    v.add_argument("--max-n", type=int, default=8, help="choices per request (n, best_of)")
     v.add_argument("--max-stop-chars", type=int, default=256, help="characters per stop string")
     v.add_argument("--max-prompt-chars", type=int, default=1 << 20, help="characters of a rendered chat prompt")
     v.add_argument("--allowed-hosts", nargs="+", default=[], help="accepted Host header values (default: any)")
@@ -149,7 +150,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from .server import ServeOptions, serve
     if a.threads is not None:
         set_num_threads(a.threads)
-    opts = ServeOptions(max_batch=a.max_batch, max_queue=a.max_queue,  # checked before anything loads
+    opts = ServeOptions(max_batch=a.max_batch, max_queue=a.max_queue, max_n=a.max_n,  # checked before loading
                         api_key=a.api_key or os.environ.get("EXACTSPEC_API_KEY") or None,
                         protect_metrics=a.protect_metrics, max_body_bytes=a.max_body_bytes, max_stops=a.max_stops,
                         max_stop_chars=a.max_stop_chars, max_prompt_chars=a.max_prompt_chars,

@@ -26,6 +26,7 @@ from .errors import GenerationError
 from .loop import Batch, SeqState, Stats
 from .model import Transformer
 from .request import Request
+from .sampling import TokenLogprob
 
 
 log = logging.getLogger("exactspec.engine")
@@ -47,6 +48,7 @@ class Event:
     finish_reason: str | None = None
     stats: Stats | None = None
     error: GenerationError | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token, when the request asks for them
 
 
 @dataclass
@@ -76,6 +78,7 @@ class Engine:
         self.queue: collections.deque[Job] = collections.deque()
         self.active: list[Job] = []
         self.cv = threading.Condition()
+        self.forward_lock = threading.Lock()  # one forward at a time: the engine's steps, a scoring pass
         self.stats = EngineStats()
         self.stopped = False
         self.thread = threading.Thread(target=self._loop, name="exactspec-engine", daemon=True)
@@ -155,6 +158,8 @@ class Engine:
                 self._finish(job, "error", e)
                 continue
             self.active.append(job)
+            if job.seq.finish_reason is not None:  # nothing to generate (max_new_tokens 0)
+                self._finish(job, job.seq.finish_reason)
 
     def _loop(self) -> None:
         while True:
@@ -170,7 +175,8 @@ class Engine:
                         self._finish(job, "error", e)
                     self.queue.clear()
             try:
-                events = self.batch.step()
+                with self.forward_lock:
+                    events = self.batch.step()
             except Exception as e:  # Batch.step isolates per-sequence faults; this is anything else
                 with self.cv:
                     for job in list(self.active):
@@ -181,7 +187,8 @@ class Engine:
                 for s, new in events:
                     job: Job = s.tag
                     if new and not job.cancelled:
-                        self._tell(job, Event(new))
+                        lp = s.logprobs[len(s.logprobs) - len(new):] if job.req.logprobs is not None else None
+                        self._tell(job, Event(new, logprobs=lp))
                     if s.finish_reason is not None:
                         self._finish(job, s.finish_reason, s.error)
 

@@ -68,6 +68,9 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int]
+    logprobs: int | None = None  # per token: its logprob and this many alternatives (<= 20)
+    echo: bool = False  # the prompt (its tokens' logprobs too) before the completion; max_tokens 0: scoring
+    best_of: int | None = None  # candidates generated; the n with the highest mean logprob are returned
 
 
 class ContentPart(BaseModel):
@@ -97,11 +100,12 @@ class ChatMessage(BaseModel):
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None  # alternatives per token (<= 20), with logprobs=true
 
 
 # OpenAI fields we cannot honour: refused when set, rather than silently ignored.
-UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
-               "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
+UNSUPPORTED = {"suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
                "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
                "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0)}
 
@@ -119,23 +123,24 @@ class Shapes:
     def __init__(self, kind: str, rid: str, created: int, model: str):
         self.kind, self.rid, self.created, self.model = kind, rid, created, model
 
-    def choice(self, text: str, finish: str | None, delta: bool) -> dict:
+    def choice(self, text: str, finish: str | None, delta: bool, index: int = 0, logprobs: dict | None = None) -> dict:
         if self.kind == "chat":
             body = {"delta": {"role": "assistant", "content": text}} if delta else \
                 {"message": {"role": "assistant", "content": text}}
         else:
-            body = {"text": text, "logprobs": None}
-        return {"index": 0, **body, "finish_reason": finish}
+            body = {"text": text}
+        return {"index": index, **body, "logprobs": logprobs, "finish_reason": finish}
 
-    def whole(self, text: str, finish: str | None, usage: dict) -> dict:
+    def whole(self, choices: list[dict], usage: dict) -> dict:
         obj = "chat.completion" if self.kind == "chat" else "text_completion"
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
-                "choices": [self.choice(text, finish, False)], "usage": usage}
+                "choices": choices, "usage": usage}
 
-    def chunk(self, text: str = "", finish: str | None = None, usage: dict | None = None) -> bytes:
+    def chunk(self, text: str = "", finish: str | None = None, usage: dict | None = None,
+              logprobs: dict | None = None) -> bytes:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         body = {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
-                "choices": [] if usage is not None else [self.choice(text, finish, True)]}
+                "choices": [] if usage is not None else [self.choice(text, finish, True, 0, logprobs)]}
         if usage is not None:
             body["usage"] = usage
         return sse(body)
@@ -151,3 +156,21 @@ DONE = b"data: [DONE]\n\n"
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_logprobs(tokens: list[str], logprobs: list[float | None], tops: list[dict | None] | None,
+                        offset: int = 0) -> dict:
+    """OpenAI's legacy completions `logprobs` object; text_offset counts characters from `offset`."""
+    offsets, at = [], offset
+    for t in tokens:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_logprobs(tokens: list[str], logprobs: list[float], tops: list[list[tuple[str, float]]]) -> dict:
+    """OpenAI's chat `logprobs` object: content[] with token, logprob, bytes, top_logprobs."""
+    def entry(t: str, lp: float) -> dict:
+        return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+    return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, b) for a, b in top]}
+                        for t, lp, top in zip(tokens, logprobs, tops)]}

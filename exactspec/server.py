@@ -20,6 +20,7 @@ import dataclasses
 import hmac
 import logging
 import os
+import secrets
 import sys
 import time
 import uuid
@@ -38,8 +39,8 @@ from .api import Model
 from .drafters import Drafter
 from .engine import Engine, EngineDown, Event, Job, QueueFull
 from .errors import ExactSpecError, InvalidRequest
-from .protocol import (DONE, APIError, ChatRequest, CompletionRequest, Shapes, _Sampling, error_body,
-                       refuse_unsupported, sse, usage, validation_message)
+from .protocol import (DONE, APIError, ChatRequest, CompletionRequest, Shapes, _Sampling, chat_logprobs,
+                       completion_logprobs, error_body, refuse_unsupported, sse, usage, validation_message)
 from .request import DraftLength, Request
 from .tokenizer import StopMatcher, StreamDecoder
 
@@ -52,6 +53,7 @@ class ServeOptions:
     """What `exactspec serve` lets an operator set; every limit answers with a clear 4xx."""
     max_batch: int = 8  # sequences decoded together
     max_queue: int = 64  # waiting requests before 429
+    max_n: int = 8  # choices (n, best_of) per request
     api_key: str | None = None  # required as `Authorization: Bearer KEY` on /v1/*
     protect_metrics: bool = False  # the key on /health and /metrics too
     max_body_bytes: int = 1 << 20  # 413 above
@@ -108,6 +110,7 @@ class Generation:
         self.app, self.loop = app, asyncio.get_running_loop()
         self.q: asyncio.Queue[Event] = asyncio.Queue()
         self.job = Job(req, self._event, fail_on_purpose=fail_on_purpose)
+        self.lp: list = []  # TokenLogprobs of the tokens received, when the request asks for them
         self.completion_tokens = 0  # tokens this client was given (up to a stop string)
         self.first_token_at: float | None = None
         self.finish_reason: str | None = None
@@ -140,6 +143,7 @@ class Generation:
                     if self.first_token_at is None:
                         self.first_token_at = time.perf_counter()
                     self.completion_tokens += len(ev.tokens)
+                    self.lp += ev.logprobs or []
                     text, hit = stop.feed(dec.push(ev.tokens))
                     if text:
                         yield text
@@ -182,21 +186,36 @@ class Server:
         self.metrics = Metrics(self.engine)
         self.app = self._build()
 
-    def _request(self, r: _Sampling, prompt: str | list[int], max_tokens: int | None) -> Request:
-        """The one validated Request for this body (400 naming the field otherwise). Runs in a
-        worker thread: it tokenizes."""
-        return self.model.request(prompt, max_tokens, ignore_eos=r.ignore_eos, temperature=r.temperature,
-                                  top_k=r.top_k, top_p=r.top_p, min_p=r.min_p, repetition_penalty=r.repetition_penalty,
-                                  seed=r.seed, stop=r.stop, num_draft_tokens=self.num_draft_tokens,
-                                  limits=self.limits)
+    def _requests(self, r: _Sampling, prompt: list[int], max_tokens: int | None, count: int,
+                  logprobs: int | None) -> list[Request]:
+        """The validated Requests of one body (400 naming the field otherwise): `count` candidates,
+        the i-th with seed + i (seed None: a fresh base, reported nowhere but reproducible per choice)."""
+        base = r.seed if r.seed is not None else (secrets.randbits(62) if r.temperature else 0)
+        return [self.model.request(prompt, max_tokens, ignore_eos=r.ignore_eos, temperature=r.temperature,
+                                   top_k=r.top_k, top_p=r.top_p, min_p=r.min_p,
+                                   repetition_penalty=r.repetition_penalty, seed=base + i, stop=r.stop,
+                                   num_draft_tokens=self.num_draft_tokens, limits=self.limits, logprobs=logprobs)
+                for i in range(count)]
 
-    def _check_body(self, r: _Sampling) -> None:
+    def _check_body(self, r: _Sampling, best_of: int) -> None:
         refuse_unsupported(r)
-        if r.n != 1:
-            raise APIError(400, f"n={r.n}: only n=1 is supported", param="n")
+        if not 1 <= r.n <= best_of <= self.opts.max_n:
+            raise APIError(400, f"n={r.n}, best_of={best_of}: need 1 <= n <= best_of <= {self.opts.max_n}", param="n")
+        if r.stream and best_of > r.n:
+            raise APIError(400, "best_of > n cannot stream (the best are known only at the end)", param="best_of")
+        if r.stream and r.n > 1:
+            raise APIError(400, "n > 1 with stream=true is not supported; send n requests", param="n")
         if r.model is not None and r.model != self.name:
             raise APIError(404, f"The model '{r.model}' does not exist (this server serves '{self.name}')",
                            code="model_not_found", param="model")
+
+    def _score(self, ids: list[int], top: int):
+        """The prompt's token logprobs (scoring pass), serialized with the engine's forwards."""
+        with self.engine.forward_lock:
+            return self.model.score(ids[:1], ids[1:], top)
+
+    def _token(self, t: int) -> str:
+        return self.model.tokenizer.decode([t])
 
     def _chat_prompt(self, r: ChatRequest) -> list[int]:
         """Template rendering and tokenizing, in a worker thread (both can be slow)."""
@@ -207,35 +226,82 @@ class Server:
     def _marked(self, text: str) -> bool:
         return self.fault_marker is not None and self.fault_marker in text
 
-    async def _respond(self, kind: str, r: _Sampling, req: Request, http: HTTPRequest, fail: bool):
-        self.metrics.prompt_tokens.inc(len(req.prompt))
-        g = Generation(self, req, fail)
+    def _logprobs(self, kind: str, lps: list, prompt_lps: list | None, prompt: list[int], offset: int) -> dict:
+        """OpenAI's logprobs object for these TokenLogprobs (completions: the prompt's first, when echoed)."""
+        def tops(x):
+            return [(self._token(t), lp) for t, lp in x.top]
+        if kind == "chat":
+            return chat_logprobs([self._token(x.token) for x in lps], [x.logprob for x in lps], [tops(x) for x in lps])
+        toks, vals, alts = [], [], []
+        if prompt_lps is not None:  # echo: the first prompt token has no logprob (nothing before it)
+            toks.append(self._token(prompt[0]))
+            vals.append(None)
+            alts.append(None)
+        for x in (prompt_lps or []) + lps:
+            toks.append(self._token(x.token))
+            vals.append(x.logprob)
+            alt: dict = {}
+            for t, v in tops(x):  # ids that decode to the same text share a key: the likelier one stays
+                alt.setdefault(t, v)
+            alts.append(alt)
+        return completion_logprobs(toks, vals, alts, offset)
+
+    async def _respond(self, kind: str, r: _Sampling, reqs: list[Request], http: HTTPRequest, fail: bool,
+                       want_lp: bool = False, echo: bool = False):
+        prompt = list(reqs[0].prompt)
+        self.metrics.prompt_tokens.inc(len(prompt))
+        prompt_text = self.model.decode(prompt) if echo else ""
+        prompt_lps = await asyncio.to_thread(self._score, prompt, reqs[0].logprobs or 0) if echo and want_lp else None
         shapes = Shapes(kind, ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex, int(time.time()),
                         self.name)
-        n_prompt = len(req.prompt)
+        if reqs[0].max_new_tokens == 0:  # scoring only (echo): nothing to generate
+            lp = self._logprobs(kind, [], prompt_lps, prompt, 0) if want_lp else None
+            return JSONResponse(shapes.whole([shapes.choice(prompt_text, "length", False, 0, lp)],
+                                             usage(len(prompt), 0)))
+        gens = [Generation(self, q, fail) for q in reqs]
         if not r.stream:
-            task = asyncio.ensure_future(_collect(g.pieces()))
-            while not task.done():  # a client that hangs up cancels its generation and frees the slot
+            task = asyncio.ensure_future(asyncio.gather(*[_collect(g.pieces()) for g in gens]))
+            while not task.done():  # a client that hangs up cancels its generations and frees the slots
                 await asyncio.wait({task}, timeout=0.5)
                 if not task.done() and await http.is_disconnected():
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
                     return JSONResponse(error_body("client disconnected", "invalid_request_error"),
                                         status_code=499)
-            text = task.result()
-            return JSONResponse(shapes.whole(text, g.finish_reason, usage(n_prompt, g.completion_tokens)))
+            texts = task.result()
+            order = list(range(len(gens)))
+            if len(gens) > r.n:  # best_of: the n candidates with the highest mean token logprob
+                mean = [sum(x.logprob for x in g.lp) / max(1, len(g.lp)) for g in gens]
+                order = sorted(order, key=lambda i: -mean[i])[: r.n]
+            choices = [shapes.choice(prompt_text + texts[i], gens[i].finish_reason, False, j,
+                                     self._logprobs(kind, gens[i].lp, prompt_lps, prompt, 0) if want_lp else None)
+                       for j, i in enumerate(order)]
+            return JSONResponse(shapes.whole(choices, usage(len(prompt), sum(g.completion_tokens for g in gens))))
+        g = gens[0]
         pieces = g.pieces()
         first = await anext(pieces, None)  # errors before the first byte still get a status code
+        sent = [0, len(prompt_text)]  # logprobs sent, characters sent
+
+        def chunk(text: str, finish: str | None = None) -> bytes:
+            lp = None
+            if want_lp:
+                lp = self._logprobs(kind, g.lp[sent[0]:], None, prompt, sent[1])
+                sent[0] = len(g.lp)
+            sent[1] += len(text)
+            return shapes.chunk(text, finish, logprobs=lp)
 
         async def stream() -> AsyncIterator[bytes]:
             try:
+                if echo:
+                    lp = self._logprobs(kind, [], prompt_lps, prompt, 0) if want_lp else None
+                    yield shapes.chunk(prompt_text, logprobs=lp)
                 if first is not None:
-                    yield shapes.chunk(first)
+                    yield chunk(first)
                 async for p in pieces:
-                    yield shapes.chunk(p)
-                yield shapes.chunk("", g.finish_reason)
+                    yield chunk(p)
+                yield chunk("", g.finish_reason)
                 if r.include_usage:
-                    yield shapes.chunk(usage=usage(n_prompt, g.completion_tokens))
+                    yield shapes.chunk(usage=usage(len(prompt), g.completion_tokens))
             except APIError as e:  # mid-stream: the status is sent; end with an error event
                 yield sse(error_body(e.message, e.type, e.param, e.code))
             except Exception:
@@ -311,18 +377,27 @@ class Server:
 
         @app.post("/v1/completions")
         async def completions(r: CompletionRequest, http: HTTPRequest) -> Any:
-            self._check_body(r)
-            req = await asyncio.to_thread(self._request, r, r.prompt, r.max_tokens if r.max_tokens is not None else 16)
+            best_of = r.best_of or r.n
+            self._check_body(r, best_of)
+            if r.logprobs is not None and r.logprobs < 0:
+                raise APIError(400, f"logprobs={r.logprobs}: must be >= 0", param="logprobs")
+            ids = await asyncio.to_thread(self.model.encode, r.prompt)
+            internal = r.logprobs if r.logprobs is not None else (0 if best_of > r.n else None)  # best_of ranks by them
+            reqs = await asyncio.to_thread(self._requests, r, ids, r.max_tokens if r.max_tokens is not None else 16,
+                                           best_of, internal)
             fail = isinstance(r.prompt, str) and self._marked(r.prompt)
-            return await self._respond("text", r, req, http, fail)
+            return await self._respond("text", r, reqs, http, fail, r.logprobs is not None, r.echo)
 
         @app.post("/v1/chat/completions")
         async def chat_completions(r: ChatRequest, http: HTTPRequest) -> Any:
-            self._check_body(r)
+            self._check_body(r, r.n)
+            if r.top_logprobs is not None and not r.logprobs:
+                raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
             prompt = await asyncio.to_thread(self._chat_prompt, r)
-            req = await asyncio.to_thread(self._request, r, prompt, r.max_completion_tokens or r.max_tokens)
+            reqs = await asyncio.to_thread(self._requests, r, prompt, r.max_completion_tokens or r.max_tokens, r.n,
+                                           (r.top_logprobs or 0) if r.logprobs else None)
             fail = any(self._marked(msg.text()) for msg in r.messages)
-            return await self._respond("chat", r, req, http, fail)
+            return await self._respond("chat", r, reqs, http, fail, r.logprobs)
 
         return Guard(BodyLimit(app, opts.max_body_bytes), opts, m)
 
