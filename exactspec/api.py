@@ -116,7 +116,7 @@ class Model:
                        num_draft_tokens: int | str = 4, draft_confidence: float = 0.0, lookup_max_ngram: int = 3,
                        temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                        repetition_penalty: float = 1.0, seed: int | None | Sequence[int | None] = 0,
-                       logprobs: int | None = None,
+                       logprobs: int | None = None, logprobs_mode: str = "raw",
                        on_text: Callable[[int, str], None] | None = None) -> list[GenerationResult]:
         """Decode a batch of prompts. `draft`: None (plain), "lookup" (prompt lookup) or another
         Model sharing the tokenizer. The token ids never depend on draft, num_draft_tokens or
@@ -132,6 +132,7 @@ class Model:
         reqs = [self.request(p, max_new_tokens, ignore_eos=ignore_eos, temperature=temperature, top_k=top_k,
                              top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=sd,
                              num_draft_tokens=num_draft_tokens if drafter is not None else 0, logprobs=logprobs,
+                             logprobs_mode=logprobs_mode,
                              name="prompt" if len(prompts) == 1 else f"prompt {i}")
                 for i, (p, sd) in enumerate(zip(prompts, seeds))]
         streams = [StreamDecoder(self.tokenizer) for _ in reqs] if on_text and self.tokenizer else None

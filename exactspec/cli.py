@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
     v.add_argument("--max-stops", type=int, default=16, help="stop strings per request")
     v.add_argument("--max-n", type=int, default=8, help="choices per request (n, best_of)")
+    v.add_argument("--logprobs-mode", default="raw", choices=["raw", "processed"],
+                   help="logprobs of the model's logits (raw) or after the sampling filters (processed)")
     v.add_argument("--max-stop-chars", type=int, default=256, help="characters per stop string")
     v.add_argument("--max-prompt-chars", type=int, default=1 << 20, help="characters of a rendered chat prompt")
     v.add_argument("--allowed-hosts", nargs="+", default=[], help="accepted Host header values (default: any)")
@@ -150,7 +152,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from .server import ServeOptions, serve
     if a.threads is not None:
         set_num_threads(a.threads)
-    opts = ServeOptions(max_batch=a.max_batch, max_queue=a.max_queue, max_n=a.max_n,  # checked before loading
+    opts = ServeOptions(max_batch=a.max_batch, max_queue=a.max_queue, max_n=a.max_n, logprobs_mode=a.logprobs_mode,
                         api_key=a.api_key or os.environ.get("EXACTSPEC_API_KEY") or None,
                         protect_metrics=a.protect_metrics, max_body_bytes=a.max_body_bytes, max_stops=a.max_stops,
                         max_stop_chars=a.max_stop_chars, max_prompt_chars=a.max_prompt_chars,

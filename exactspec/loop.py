@@ -21,7 +21,7 @@ from .drafters import Drafter
 from .errors import GenerationError
 from .model import Rows, Transformer
 from .request import Request
-from .sampling import TokenLogprob, pick, pick_rows, token_logprobs
+from .sampling import TokenLogprob, pick, pick_rows, processed_logits, token_logprobs
 
 
 @dataclass
@@ -254,6 +254,10 @@ class Batch:
             if s.finish_reason:
                 break
         if s.req.logprobs is not None and kept:
+            if s.req.logprobs_mode == "processed":  # each row with the history before its token
+                base = len(s.tokens) - len(kept)
+                rows = torch.stack([processed_logits(rows[i], s.req.params, s.tokens[:base + i])
+                                    for i in range(len(kept))])
             s.logprobs += token_logprobs(rows, kept, s.req.logprobs)
         now = time.perf_counter()
         st = s.stats

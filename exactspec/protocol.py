@@ -137,10 +137,10 @@ class Shapes:
                 "choices": choices, "usage": usage}
 
     def chunk(self, text: str = "", finish: str | None = None, usage: dict | None = None,
-              logprobs: dict | None = None) -> bytes:
+              logprobs: dict | None = None, index: int = 0) -> bytes:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         body = {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
-                "choices": [] if usage is not None else [self.choice(text, finish, True, 0, logprobs)]}
+                "choices": [] if usage is not None else [self.choice(text, finish, True, index, logprobs)]}
         if usage is not None:
             body["usage"] = usage
         return sse(body)

@@ -61,6 +61,7 @@ class Request:
     stop: tuple[str, ...] = ()  # stop strings: matched on text by the caller that has a tokenizer
     draft_len: DraftLength = field(default_factory=DraftLength)  # speculation: k per verify step
     logprobs: int | None = None  # per generated token: its logprob and this many alternatives; None = off
+    logprobs_mode: str = "raw"  # "raw": of the model's logits; "processed": after the sampling filters
 
 
 def _int(name: str, v, lo: int = 0) -> int:
@@ -101,7 +102,7 @@ def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                  repetition_penalty: float = 1.0, seed: int | None = 0, eos: Iterable[int] = (),
                  stop: str | Iterable[str] | None = None, num_draft_tokens: int | str = 0,
-                 logprobs: int | None = None, name: str = "prompt") -> Request:
+                 logprobs: int | None = None, logprobs_mode: str = "raw", name: str = "prompt") -> Request:
     """A validated Request, or InvalidRequest naming the field. max_new_tokens=None: as many as the
     context holds. seed=None: greedy ignores it; sampling draws a fresh one (kept in the Request's
     params, reported in the result's stats) so the run can be replayed."""
@@ -126,5 +127,7 @@ def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 
         raise InvalidRequest(f"stop: a stop string is longer than {limits.max_stop_chars} characters", "stop")
     if logprobs is not None and (_int("logprobs", logprobs) > MAX_TOP_LOGPROBS):
         raise InvalidRequest(f"logprobs={logprobs}: at most {MAX_TOP_LOGPROBS} alternatives", "logprobs")
+    if logprobs_mode not in ("raw", "processed"):
+        raise InvalidRequest(f"logprobs_mode={logprobs_mode!r}: 'raw' or 'processed'", "logprobs_mode")
     return Request(ids, params, max_new_tokens, eos_ids, tuple(s for s in stops if s), DraftLength(num_draft_tokens),
-                   logprobs)
+                   logprobs, logprobs_mode)

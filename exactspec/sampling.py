@@ -9,7 +9,7 @@ sample of softmax(z/T) restricted to the tokens the filters keep.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -120,6 +120,14 @@ def filtered_logits(logits: torch.Tensor, p: SamplingParams, history: Sequence[i
     return z
 
 
+def processed_logits(logits: torch.Tensor, p: SamplingParams, history: Sequence[int]) -> torch.Tensor:
+    """The distribution a token was picked from, as logits: filtered_logits (penalty, temperature,
+    top-k/top-p/min-p) for sampling; for greedy the repetition penalty only (temperature 1)."""
+    if p.greedy:
+        p = replace(p, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    return filtered_logits(logits, p, history)
+
+
 def pick(logits: torch.Tensor, p: SamplingParams, position: int, history: Sequence[int]) -> int:
     """The token at absolute `position` given the logits row predicting it."""
     if p.greedy and p.repetition_penalty == 1.0:
@@ -141,8 +149,8 @@ def pick_rows(logits: torch.Tensor, p: SamplingParams, positions: Sequence[int],
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """A token's log-probability under the target's raw distribution (log_softmax of its logits,
-    before temperature and filters), and the `top` most likely tokens at that position."""
+    """A token's log-probability under the target's distribution (raw: log_softmax of its logits;
+    processed: of the logits after the sampling filters), and the `top` most likely tokens there."""
     token: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
@@ -158,6 +166,6 @@ def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int = 0) ->
         alt = ()
         if top:
             best = np.argsort(-row, kind="stable")[:top]  # ties: the lower id first
-            alt = tuple((int(i), float(row[i])) for i in best)
+            alt = tuple((int(i), float(row[i])) for i in best if row[i] > -np.inf)  # filtered out: not listed
         out.append(TokenLogprob(int(t), float(row[t]), alt))
     return out

@@ -54,6 +54,7 @@ class ServeOptions:
     max_batch: int = 8  # sequences decoded together
     max_queue: int = 64  # waiting requests before 429
     max_n: int = 8  # choices (n, best_of) per request
+    logprobs_mode: str = "raw"  # "raw" or "processed" (after the sampling filters), as vLLM's flag
     api_key: str | None = None  # required as `Authorization: Bearer KEY` on /v1/*
     protect_metrics: bool = False  # the key on /health and /metrics too
     max_body_bytes: int = 1 << 20  # 413 above
@@ -194,7 +195,8 @@ class Server:
         return [self.model.request(prompt, max_tokens, ignore_eos=r.ignore_eos, temperature=r.temperature,
                                    top_k=r.top_k, top_p=r.top_p, min_p=r.min_p,
                                    repetition_penalty=r.repetition_penalty, seed=base + i, stop=r.stop,
-                                   num_draft_tokens=self.num_draft_tokens, limits=self.limits, logprobs=logprobs)
+                                   num_draft_tokens=self.num_draft_tokens, limits=self.limits, logprobs=logprobs,
+                                   logprobs_mode=self.opts.logprobs_mode)
                 for i in range(count)]
 
     def _check_body(self, r: _Sampling, best_of: int) -> None:
@@ -203,8 +205,6 @@ class Server:
             raise APIError(400, f"n={r.n}, best_of={best_of}: need 1 <= n <= best_of <= {self.opts.max_n}", param="n")
         if r.stream and best_of > r.n:
             raise APIError(400, "best_of > n cannot stream (the best are known only at the end)", param="best_of")
-        if r.stream and r.n > 1:
-            raise APIError(400, "n > 1 with stream=true is not supported; send n requests", param="n")
         if r.model is not None and r.model != self.name:
             raise APIError(404, f"The model '{r.model}' does not exist (this server serves '{self.name}')",
                            code="model_not_found", param="model")
@@ -277,42 +277,91 @@ class Server:
                                      self._logprobs(kind, gens[i].lp, prompt_lps, prompt, 0) if want_lp else None)
                        for j, i in enumerate(order)]
             return JSONResponse(shapes.whole(choices, usage(len(prompt), sum(g.completion_tokens for g in gens))))
-        g = gens[0]
-        pieces = g.pieces()
-        first = await anext(pieces, None)  # errors before the first byte still get a status code
-        sent = [0, len(prompt_text)]  # logprobs sent, characters sent
+        sent = [[0, len(prompt_text)] for _ in gens]  # per choice: logprobs sent, characters sent
 
-        def chunk(text: str, finish: str | None = None) -> bytes:
+        def chunk(i: int, text: str, finish: str | None = None) -> bytes:
+            g, s = gens[i], sent[i]
             lp = None
             if want_lp:
-                lp = self._logprobs(kind, g.lp[sent[0]:], None, prompt, sent[1])
-                sent[0] = len(g.lp)
-            sent[1] += len(text)
-            return shapes.chunk(text, finish, logprobs=lp)
+                lp = self._logprobs(kind, g.lp[s[0]:], None, prompt, s[1])
+                s[0] = len(g.lp)
+            s[1] += len(text)
+            return shapes.chunk(text, finish, logprobs=lp, index=i)
 
-        async def stream() -> AsyncIterator[bytes]:
+        def start() -> list[bytes]:
+            if not echo:
+                return []
+            lp = self._logprobs(kind, [], prompt_lps, prompt, 0) if want_lp else None
+            return [shapes.chunk(prompt_text, logprobs=lp, index=i) for i in range(len(gens))]
+
+        def end() -> list[bytes]:
+            tail = [shapes.chunk(usage=usage(len(prompt), sum(g.completion_tokens for g in gens)))] \
+                if r.include_usage else []
+            return tail + [DONE]
+
+        if len(gens) == 1:
+            g = gens[0]
+            pieces = g.pieces()
+            first = await anext(pieces, None)  # errors before the first byte still get a status code
+
+            async def stream() -> AsyncIterator[bytes]:
+                try:
+                    for c in start():
+                        yield c
+                    if first is not None:
+                        yield chunk(0, first)
+                    async for p in pieces:
+                        yield chunk(0, p)
+                    yield chunk(0, "", g.finish_reason)
+                    for c in end()[:-1]:
+                        yield c
+                except Exception as e:  # mid-stream: the status is sent; end with an error event
+                    yield self._error_event(e)
+                finally:
+                    await pieces.aclose()  # on disconnect this cancels the request and frees its slot
+                yield DONE
+            return StreamingResponse(stream(), media_type="text/event-stream")
+
+        async def many() -> AsyncIterator[bytes]:  # n choices interleaved, each chunk with its index
+            q: asyncio.Queue = asyncio.Queue()
+
+            async def pump(i: int) -> None:
+                try:
+                    async for p in gens[i].pieces():
+                        await q.put((i, p, None))
+                    await q.put((i, None, None))
+                except Exception as e:
+                    await q.put((i, None, e))
+            tasks = [asyncio.ensure_future(pump(i)) for i in range(len(gens))]
             try:
-                if echo:
-                    lp = self._logprobs(kind, [], prompt_lps, prompt, 0) if want_lp else None
-                    yield shapes.chunk(prompt_text, logprobs=lp)
-                if first is not None:
-                    yield chunk(first)
-                async for p in pieces:
-                    yield chunk(p)
-                yield chunk("", g.finish_reason)
-                if r.include_usage:
-                    yield shapes.chunk(usage=usage(len(prompt), g.completion_tokens))
-            except APIError as e:  # mid-stream: the status is sent; end with an error event
-                yield sse(error_body(e.message, e.type, e.param, e.code))
-            except Exception:
-                eid = uuid.uuid4().hex[:12]
-                log.exception("exactspec server: error %s in a stream", eid)
-                yield sse(error_body(f"internal error (id {eid})", "server_error"))
-            finally:
-                await pieces.aclose()  # on disconnect this cancels the request and frees its slot
-            yield DONE
+                for c in start():
+                    yield c
+                left = len(gens)
+                while left:
+                    i, p, e = await q.get()
+                    if e is not None:
+                        yield self._error_event(e)
+                        left -= 1
+                    elif p is None:
+                        yield chunk(i, "", gens[i].finish_reason)
+                        left -= 1
+                    else:
+                        yield chunk(i, p)
+                for c in end():
+                    yield c
+            finally:  # on disconnect: every choice's generation is cancelled
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        return StreamingResponse(many(), media_type="text/event-stream")
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
+    @staticmethod
+    def _error_event(e: Exception) -> bytes:
+        if isinstance(e, APIError):
+            return sse(error_body(e.message, e.type, e.param, e.code))
+        eid = uuid.uuid4().hex[:12]
+        log.error("exactspec server: error %s in a stream", eid, exc_info=e)
+        return sse(error_body(f"internal error (id {eid})", "server_error"))
 
     # -- the app --------------------------------------------------------------------------------
     def _build(self) -> FastAPI:

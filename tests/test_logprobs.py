@@ -70,3 +70,21 @@ def test_score_of_text_and_empty_and_errors(pair, ckpt):
     with pytest.raises(exactspec.ContextLengthError):
         exactspec.load(ckpt("qwen3"), max_context=8).score([3] * 6, [4] * 6)
     assert target.generate([3, 4], 3).logprobs is None  # off unless asked
+
+
+def test_processed_logprobs_are_the_distribution_sampled_from_and_as_invariant(pair):
+    target, draft = pair
+    kw = dict(temperature=0.8, top_k=5, seed=2, ignore_eos=True, logprobs=8, logprobs_mode="processed")
+    plain = target.generate_batch(PROMPTS, 30, **kw)
+    want = _lp(plain)
+    assert _lp(target.generate_batch(PROMPTS, 30, draft=draft, num_draft_tokens=3, **kw)) == want
+    assert _lp(target.generate_batch(PROMPTS, 30, draft="lookup", num_draft_tokens="dynamic", **kw)) == want
+    raw = target.generate_batch(PROMPTS, 30, **{**kw, "logprobs_mode": "raw"})
+    assert [r.token_ids for r in raw] == [r.token_ids for r in plain]  # the mode changes reports, not tokens
+    for r in plain:
+        for x in r.logprobs:
+            # top_k=5 (ties at the 5th value stay, as the sampler keeps them): fewer than the 8 asked
+            assert len(x.top) < 8 and x.token in [t for t, _ in x.top]
+            assert math.isclose(sum(math.exp(lp) for _, lp in x.top), 1.0, rel_tol=1e-5)
+    with pytest.raises(exactspec.InvalidRequest, match="logprobs_mode='cooked'"):
+        target.generate([3], 2, logprobs=1, logprobs_mode="cooked")

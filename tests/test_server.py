@@ -138,7 +138,7 @@ def test_concurrent_requests_equal_each_alone(server, model):
     (json.dumps({"prompt": ""}).encode(), 400, "empty"),
     (json.dumps({"prompt": [1, 99999]}).encode(), 400, "outside the vocabulary"),
     (json.dumps({"prompt": "x", "n": 9}).encode(), 400, "n <= best_of <= 8"),
-    (json.dumps({"prompt": "x", "n": 2, "stream": True}).encode(), 400, "n > 1 with stream"),
+    (json.dumps({"prompt": "x", "n": 2, "best_of": 3, "stream": True}).encode(), 400, "best_of > n cannot stream"),
     (json.dumps({"prompt": "x", "logprobs": 21}).encode(), 400, "at most 20"),
     (json.dumps({"prompt": "x", "model": "/etc/passwd"}).encode(), 404, "does not exist"),
     (json.dumps({"max_tokens": 3}).encode(), 400, "prompt"),

@@ -99,3 +99,17 @@ def test_chat_logprobs_shape(srv):
     bad = httpx.post(srv.url + "/v1/chat/completions", timeout=60,
                      json={"messages": msgs, "top_logprobs": 2, "max_tokens": 2})
     assert bad.status_code == 400 and "top_logprobs needs logprobs=true" in bad.json()["error"]["message"]
+
+
+def test_n_choices_stream_interleaved_and_equal_the_whole_ones(srv):
+    c = client(srv)
+    kw = dict(model="tiny", prompt="for path in", max_tokens=16, temperature=1.0, seed=11, n=3, logprobs=1)
+    whole = c.completions.create(**kw)
+    texts, lps, finishes = ["", "", ""], [[], [], []], [None] * 3
+    for ch in c.completions.create(stream=True, **kw):
+        for x in ch.choices:
+            texts[x.index] += x.text
+            lps[x.index] += x.logprobs.token_logprobs if x.logprobs else []
+            finishes[x.index] = x.finish_reason or finishes[x.index]
+    assert texts == [x.text for x in whole.choices] and all(finishes)
+    assert lps == [x.logprobs.token_logprobs for x in whole.choices]
