@@ -3,8 +3,12 @@ markdown table. Benches run as scripts (`python bench/x.py`), so this is importe
 (also by a Python that has llama-cpp-python but no torch)."""
 from __future__ import annotations
 
+import contextlib
+import socket
+import subprocess
+import sys
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 # Qwen2.5-0.5B's shape (random weights are made from it; 896 hidden, 24 layers, 14/2 heads)
 QWEN_05B = dict(vocab_size=32000, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
@@ -34,3 +38,27 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], title: str | 
     print("|" + "---|" * len(header))
     for r in rows:
         print("| " + " | ".join(str(c) for c in r) + " |")
+
+
+@contextlib.contextmanager
+def serving(*args: str, env: dict | None = None) -> Iterator[str]:
+    """`exactspec serve --name m ARGS` on a free loopback port, until the block ends: yields its URL
+    once /health answers."""
+    import httpx
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "exactspec.cli", "serve", "--name", "m", "--port", str(port),
+                             *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -17,15 +17,13 @@ import argparse
 import concurrent.futures as cf
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import openai
 
+from common import serving
 from exactspec.demo import demo_folder
 
 PROMPTS = ["def is_prime(n):\n", "class Stack:\n    def __init__(self):\n", "import os\nimport sys\n\n",
@@ -96,23 +94,11 @@ def main() -> None:
     ap.add_argument("--disconnect-every", type=int, default=7, help="every n-th request hangs up (0: none)")
     ap.add_argument("--fault", action="store_true", help="one request per round fails inside the engine")
     a = ap.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "exactspec.cli", "serve", "--model", a.model, "--name", "m", "--port", str(port),
-           "--max-batch", str(a.max_batch), "--max-queue", "256", "--dtype", "bfloat16"]
+    args = ["--model", a.model, "--max-batch", str(a.max_batch), "--max-queue", "256", "--dtype", "bfloat16"]
     if a.draft:
-        cmd += ["--draft", a.draft, "--num-draft-tokens", "4"]
+        args += ["--draft", a.draft, "--num-draft-tokens", "4"]
     env = dict(os.environ, EXACTSPEC_FAULT_MARKER=MARKER) if a.fault else None
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+    with serving(*args, env=env) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
         stream_one(client, 0)  # warm up: the first requests compile kernels for their shapes
         stream_raw(url, 1, False, False)
@@ -168,9 +154,6 @@ def main() -> None:
                 print("   unexpected error:", e)
         health = httpx.get(url + "/health", timeout=10).json()
         print(f"after the rounds: /health {health}")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,11 @@ different kernel order). The items are written here; nothing is downloaded but t
 from __future__ import annotations
 
 import argparse
-import socket
-import subprocess
-import sys
-import time
 
 import httpx
 import torch
+
+from common import serving
 
 ITEMS = [  # (context, choices, index of the right one)
     ("The capital of France is", [" Paris", " Berlin", " Madrid", " Rome"], 0),
@@ -78,24 +76,8 @@ def main() -> None:
         except fetch.FetchError:
             model = str(demo_folder() / "target")
     tok = load_tokenizer(model)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "exactspec.cli", "serve", "--model", model, "--name", "m",
-                             "--port", str(port), "--dtype", "float32"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+    with serving("--model", model, "--dtype", "float32") as url:
         ours = server_scores(url, tok, ITEMS)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
     theirs = hf_scores(load_hf(model, "float32"), tok, ITEMS)
 
     def acc(scores):

@@ -21,7 +21,7 @@ import torch
 import exactspec
 import exactspec.hf
 from exactspec import chat, diff, fetch
-from common import table
+from common import table as markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [
@@ -67,7 +67,7 @@ def table(title: str, runs: dict[str, list[list[int]]], n_prompt: list[int], sec
                 firsts.append(p - n_prompt[i])
                 found.append((name, i, a, b))
         rows.append((name, f"{len(firsts)} / {len(seqs)}", ", ".join(map(str, firsts)) or "-"))
-    table(("setting", "prompts diverging from greedy", "first divergent token (per diverging prompt)"), rows,
+    markdown_table(("setting", "prompts diverging from greedy", "first divergent token (per diverging prompt)"), rows,
           f"{title} ({seconds:.0f} s)")
     return found
 

@@ -105,10 +105,15 @@ class _Frame:
     def accumulators(self, mr: int, pre) -> list:
         """mr x NL/V phi vectors, +0.0 on entry from `pre`."""
         acc = [[self.b.phi(self.vf) for _ in range(NL // V)] for _ in range(mr)]
-        for row in acc:
-            for a in row:
-                a.add_incoming(ir.Constant(self.vf, None), pre)
+        self.link(acc, [[ir.Constant(self.vf, None)] * (NL // V)] * mr, pre)
         return acc
+
+    @staticmethod
+    def link(phis: list, vals: list, block) -> None:
+        """phis[r][v] takes vals[r][v] when control comes from `block` (a loop's back edge)."""
+        for prow, vrow in zip(phis, vals):
+            for p, v in zip(prow, vrow):
+                p.add_incoming(v, block)
 
     def store(self, new: list, mr: int) -> None:
         for r in range(mr):
@@ -154,9 +159,7 @@ def _make(mr: int):
                     new[r][v] = builder.call(f.fma, [xs[r], wvec, acc[r][v]])
             k1 = builder.add(k, f.c64(1))
             k.add_incoming(k1, loop)
-            for r in range(mr):
-                for v in range(NL // V):
-                    acc[r][v].add_incoming(new[r][v], loop)
+            f.link(acc, new, loop)
             builder.cbranch(builder.icmp_signed("<", k1, K), loop, done)
             builder.position_at_end(done)
             f.store(new, mr)
@@ -216,9 +219,7 @@ def _q8_codegen(mr: int):
         kk = builder.phi(f.i64)
         kk.add_incoming(f.c64(0), gpre)
         acc = [[builder.phi(f.vf) for _ in range(NL // V)] for _ in range(mr)]
-        for r in range(mr):
-            for v in range(NL // V):
-                acc[r][v].add_incoming(gacc[r][v], gpre)
+        f.link(acc, gacc, gpre)
         xs = f.rows(builder.add(builder.mul(g, f.c64(QK)), kk), mr)
         krow = builder.gep(gb, [builder.mul(kk, f.c64(NL))])
         f.prefetch(builder.gep(krow, [f.c64(PREFETCH_BYTES)]), mr)
@@ -231,16 +232,12 @@ def _q8_codegen(mr: int):
                 new[r][v] = builder.call(f.fma, [xs[r], wvec, acc[r][v]])
         kk1 = builder.add(kk, f.c64(1))
         kk.add_incoming(kk1, kloop)
-        for r in range(mr):
-            for v in range(NL // V):
-                acc[r][v].add_incoming(new[r][v], kloop)
+        f.link(acc, new, kloop)
         builder.cbranch(builder.icmp_signed("<", kk1, f.c64(QK)), kloop, gnext)
         builder.position_at_end(gnext)
         g1 = builder.add(g, f.c64(1))
         g.add_incoming(g1, gnext)
-        for r in range(mr):
-            for v in range(NL // V):
-                gacc[r][v].add_incoming(new[r][v], gnext)
+        f.link(gacc, new, gnext)
         builder.cbranch(builder.icmp_signed("<", g1, G), gloop, done)
         builder.position_at_end(done)
         f.store(new, mr)

@@ -8,7 +8,6 @@ import httpx
 import openai
 import pytest
 
-import exactspec
 from exactspec.drafters import LookupDrafter
 from exactspec.server import ServeOptions
 from serving import InProcess
