@@ -20,6 +20,7 @@ from .loop import BatchStats, Stats, run_batch
 from .model import DTYPES, Rows, Transformer
 from .request import Limits, Request, check_prompt, make_request
 from .sampling import TokenLogprob, token_logprobs
+from .memory import release_free_heap
 from .sources import is_gguf, resolve
 from .tokenizer import StreamDecoder, Tokenizer
 from .weights import TensorStore
@@ -201,18 +202,19 @@ def load(path: str | Path, dtype: str = "auto", max_context: int | None = None, 
         raise UnsupportedModelError(f"quantize={quantize!r} is not supported (None, 'q8_0')")
     quant = "q8_0" if quantize else "keep" if dtype == "auto" and gguf else "none"
     dtype = "float32" if dtype == "auto" else dtype
-    if gguf:
-        store = GGUFFile(folder)
-        cfg = store.cfg
-    else:
-        cfg = load_config(folder)
+    store = GGUFFile(folder) if gguf else None
+    cfg = store.cfg if gguf else load_config(folder)
     if max_context is None:
         max_context = min(cfg.max_position_embeddings, 8192)
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
         raise InvalidRequest(f"max_context={max_context!r}: must be an integer >= 2", "max_context")
     if gguf:
-        net = Transformer(cfg, store, dtype, max_context, quant)
-        return Model(folder, cfg, net, store.tokenizer(), cfg.eos_token_ids)
-    net = Transformer(cfg, TensorStore(folder), dtype, max_context, quant)
-    tok = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
-    return Model(folder, cfg, net, tok, _eos_ids(folder, cfg))
+        model = Model(folder, cfg, Transformer(cfg, store, dtype, max_context, quant), store.tokenizer(),
+                      cfg.eos_token_ids)
+    else:
+        tok = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
+        model = Model(folder, cfg, Transformer(cfg, TensorStore(folder), dtype, max_context, quant), tok,
+                      _eos_ids(folder, cfg))
+    del store  # the GGUF reader's parsed metadata: freed before the heap is handed back
+    release_free_heap()
+    return model

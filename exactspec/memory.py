@@ -21,6 +21,16 @@ def available_bytes() -> int | None:
         return None
 
 
+def release_free_heap() -> None:
+    """Hand the heap that loading freed (tensor copies, parsed metadata) back to the OS: glibc keeps
+    it otherwise (measured: 62 MB of a Q8_0 0.5B load). A no-op where there is no glibc."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def ensure_fits(nbytes: int, what: str, field: str) -> None:
     """InvalidRequest (naming `field`) if `nbytes` more would not fit in the available memory."""
     free = available_bytes()
