@@ -18,6 +18,7 @@ from .errors import CheckpointError, InvalidRequest, UnsupportedModelError
 from .gguf_file import GGUFFile
 from .loop import BatchStats, Stats, run_batch
 from .model import DTYPES, Rows, Transformer
+from .quant import FORMATS
 from .request import Limits, Request, check_prompt, make_request
 from .sampling import TokenLogprob, token_logprobs
 from .memory import release_free_heap
@@ -186,10 +187,11 @@ def load(path: str | Path, dtype: str = "auto", max_context: int | None = None, 
     """Load a model: a HF checkpoint folder, a .gguf file, or a Hugging Face Hub id (`org/name`,
     resolved through the local hub cache; HF_HUB_OFFLINE=1 keeps it offline).
 
-    dtype: "auto" keeps a GGUF file's Q8_0 weights quantized (dequantized in registers, bitwise the
-    logits of the dequantized model) and the rest as float32; "float32" or "bfloat16" dequantizes
-    every weight to that (math in float32). quantize="q8_0": every linear weight quantized to Q8_0
-    at load (llama.cpp's rounding, the gguf package), the same kernels. max_context: longest
+    dtype: "auto" keeps a GGUF file's Q8_0, Q4_0 and Q4_1 weights quantized (dequantized in registers,
+    bitwise the logits of the dequantized model) and the rest as float32; "float32" or "bfloat16"
+    dequantizes every weight to that (math in float32). quantize="q8_0", "q4_0" or "q4_1": every
+    linear weight (and the embedding) quantized to it at load (llama.cpp's rounding, the gguf
+    package), the same kernels. max_context: longest
     sequence (prompt + new tokens) served; default min(config, 8192)."""
     folder = resolve(path)
     gguf = is_gguf(folder)
@@ -198,9 +200,9 @@ def load(path: str | Path, dtype: str = "auto", max_context: int | None = None, 
                               "folder or a GGUF file)")
     if dtype != "auto" and dtype not in DTYPES:
         raise UnsupportedModelError(f"dtype={dtype!r} is not supported (auto, float32, bfloat16)")
-    if quantize not in (None, "q8_0"):
-        raise UnsupportedModelError(f"quantize={quantize!r} is not supported (None, 'q8_0')")
-    quant = "q8_0" if quantize else "keep" if dtype == "auto" and gguf else "none"
+    if quantize is not None and quantize not in FORMATS:
+        raise UnsupportedModelError(f"quantize={quantize!r} is not supported (None, {', '.join(map(repr, FORMATS))})")
+    quant = quantize or ("keep" if dtype == "auto" and gguf else "none")
     dtype = "float32" if dtype == "auto" else dtype
     store = GGUFFile(folder) if gguf else None
     cfg = store.cfg if gguf else load_config(folder)

@@ -26,8 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="auto: a GGUF file's Q8_0 weights stay quantized, the rest float32")
-    g.add_argument("--quantize", default=None, choices=["q8_0"], help="quantize the linear weights at load")
+                   help="auto: a GGUF file's Q8_0, Q4_0, Q4_1 weights stay quantized, the rest float32")
+    g.add_argument("--quantize", default=None, choices=["q8_0", "q4_0", "q4_1"], help="quantize the linear weights at load")
     g.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), or 'lookup' for prompt lookup")
     g.add_argument("--draft-dtype", default=None, choices=["auto", "float32", "bfloat16"], help="default: --dtype")
     g.add_argument("--num-draft-tokens", type=_draft_len, default=4, help="k, or 'dynamic'")
@@ -44,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--model", required=True, help="model: HF checkpoint folder, .gguf file, or hub id (org/name)")
     v.add_argument("--name", default=None, help="model id clients use (default: the folder name)")
     v.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="auto: a GGUF file's Q8_0 weights stay quantized, the rest float32")
-    v.add_argument("--quantize", default=None, choices=["q8_0"], help="quantize the linear weights at load")
+                   help="auto: a GGUF file's Q8_0, Q4_0, Q4_1 weights stay quantized, the rest float32")
+    v.add_argument("--quantize", default=None, choices=["q8_0", "q4_0", "q4_1"], help="quantize the linear weights at load")
     v.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), or 'lookup'")
     v.add_argument("--num-draft-tokens", type=_draft_len, default=4)
     v.add_argument("--host", default="127.0.0.1")

@@ -28,7 +28,8 @@ from .kernels import PackedWeight
 
 def _embed(table, tokens, x):
     """x[r] = table[tokens[r]] widened to float32 (table float32, or uint16 holding bfloat16 bits, or a
-    packed Q8_0 weight (uint8, see kernels.pack_q8): row t is lane t % NL of block t // NL)."""
+    quantized packed weight's bytes (uint8 (nblk, G, group bytes), see kernels.pack_quant): row t is
+    lane t % NL of block t // NL)."""
 
 
 _POW2 = np.array([2.0 ** (i - 40) for i in range(64)], np.float32)  # exact powers of two
@@ -51,19 +52,30 @@ def _f16(lo, hi):
 
 @overload(_embed)
 def _embed_impl(table, tokens, x):
-    if table.dtype == types.uint8:
-        QK, NL, QB = tile.QK, tile.NL, tile.QK * tile.NL
+    if table.dtype == types.uint8:  # a quantized format, told by its group size
+        QK, NL = tile.QK, tile.NL
+        GB8, GB41 = tile.FORMATS["q8_0"].group_bytes, tile.FORMATS["q4_1"].group_bytes
 
-        def q8_rows(table, tokens, x):
+        def quant_rows(table, tokens, x):
+            four = table.shape[2] != GB8
+            qb = QK * NL // 2 if four else QK * NL
+            has_min = table.shape[2] == GB41
             for r in range(tokens.shape[0]):
                 b, j = tokens[r] // NL, tokens[r] % NL
                 for g in range(table.shape[1]):
                     grp = table[b, g]
-                    sc = _f16(grp[QB + 2 * j], grp[QB + 2 * j + 1])
-                    for kk in range(QK):
-                        q = np.int32(grp[kk * NL + j])
-                        x[r, g * QK + kk] = np.float32(q - 256 if q > 127 else q) * sc  # exact
-        return q8_rows
+                    d = _f16(grp[qb + 2 * j], grp[qb + 2 * j + 1])
+                    m = _f16(grp[qb + 2 * NL + 2 * j], grp[qb + 2 * NL + 2 * j + 1]) if has_min else np.float32(0)
+                    for kk in range(QK):  # quant.py's expressions
+                        if four:
+                            byte = np.int32(grp[kk * (NL // 2) + j % (NL // 2)])
+                            q = byte >> 4 if j >= NL // 2 else byte & 15
+                            v = np.float32(q) * d + m if has_min else np.float32(q - 8) * d
+                        else:
+                            q = np.int32(grp[kk * NL + j])
+                            v = np.float32(q - 256 if q > 127 else q) * d
+                        x[r, g * QK + kk] = v
+        return quant_rows
 
     if table.dtype == types.uint16:
         def widen(table, tokens, x):

@@ -2,7 +2,8 @@
 metadata, tensors served by their Hugging Face names (the `TensorStore` interface), dequantized by
 `gguf.quants.dequantize` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, ...), with llama.cpp's
 q/k row permutation undone for the llama architecture (its converter interleaves the rotary
-halves; our rope, like transformers', rotates halves).
+halves; our rope, like transformers', rotates halves). Tensors in the block formats the kernel keeps
+quantized (Q8_0, Q4_0, Q4_1) are also served as they are stored (`get_quant`, see quant.py).
 
 The tokenizer comes from the `tokenizer.ggml.*` metadata (`gguf_tokenizer.py`), the chat
 template from `tokenizer.chat_template`.
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import quant as Q
 from .config import ModelConfig
 from .errors import CheckpointError, UnsupportedModelError, WeightError
 from .tokenizer import Tokenizer
@@ -122,25 +124,28 @@ class GGUFFile:
             raise WeightError(f"{self.path}: tensor {g!r} has shape {logical}, the metadata implies {tuple(shape)}")
         return g, t
 
-    def get_q8(self, name: str, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
-        """A Q8_0 tensor as it is stored: (quants (N, K) int8, scales (N, K/32) float16), rows in
-        our order (llama q/k unpermuted); None if the tensor is of another type."""
-        import gguf
+    def get_quant(self, name: str, shape: tuple[int, int]) -> Q.Quantized | None:
+        """A tensor in a block format the kernel keeps (quant.FORMATS) as it is stored, rows in our
+        order (llama q/k unpermuted); None if the tensor is of another type."""
         g, t = self._tensor(name, shape)
-        if t.tensor_type != gguf.GGMLQuantizationType.Q8_0:
+        fmt = t.tensor_type.name.lower()
+        if fmt not in Q.FORMATS:
             return None
-        q, d = (torch.from_numpy(a) for a in split_q8(np.asarray(t.data), *shape))
+        w = Q.from_blocks(np.asarray(t.data), fmt, *shape)
         if self.arch == "llama" and g.endswith(("attn_q.weight", "attn_k.weight")):
             heads = self.cfg.n_heads if g.endswith("attn_q.weight") else self.cfg.n_kv_heads
-            q, d = _unpermute(q, heads), _unpermute(d, heads)
-        return q.numpy(), d.numpy()
+            w = w.rows(lambda a: _unpermute(a, heads))
+        return w
 
-    def q8_names(self) -> set[str]:
-        """The HF names of the tensors stored as Q8_0."""
-        import gguf
-        q8 = {g for g, t in self.tensors.items() if t.tensor_type == gguf.GGMLQuantizationType.Q8_0}
+    def quant_formats(self) -> dict[str, str]:
+        """{HF name: format} of the tensors stored in a format of quant.FORMATS."""
         names = list(_TOP) + [f"model.layers.{i}.{k}" for i in range(self.cfg.n_layers) for k in _LAYER]
-        return {n for n in names if gguf_name(n) in q8}
+        out = {}
+        for n in names:
+            t = self.tensors.get(gguf_name(n))
+            if t is not None and t.tensor_type.name.lower() in Q.FORMATS:
+                out[n] = t.tensor_type.name.lower()
+        return out
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         import gguf
@@ -154,30 +159,6 @@ class GGUFFile:
         if self.arch == "llama" and g.endswith(("attn_q.weight", "attn_k.weight")):
             w = _unpermute(w, self.cfg.n_heads if g.endswith("attn_q.weight") else self.cfg.n_kv_heads)
         return w.to(dtype)
-
-
-def split_q8(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """GGUF Q8_0 blocks (each a float16 scale then 32 int8) of an (n, k) tensor -> quants (n, k)
-    int8, scales (n, k/32) float16."""
-    blocks = raw.reshape(n, k // 32, 34)
-    return (blocks[:, :, 2:].copy().view(np.int8).reshape(n, k),
-            blocks[:, :, :2].copy().view(np.float16).reshape(n, k // 32))
-
-
-def quantize_q8(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Quantize an (n, k) float tensor to Q8_0 with the gguf package (llama.cpp's rounding)."""
-    import gguf
-    n, k = w.shape
-    if k % 32:
-        raise UnsupportedModelError(f"quantize='q8_0': rows of {k} values are not whole Q8_0 blocks of 32")
-    return split_q8(gguf.quants.quantize(w.float().contiguous().numpy(), gguf.GGMLQuantizationType.Q8_0), n, k)
-
-
-def dequantize_q8(q: np.ndarray, d: np.ndarray) -> torch.Tensor:
-    """(n, k) float32 f32(d) * f32(q): exact, the gguf package's Q8_0 dequantization."""
-    n, k = q.shape
-    return torch.from_numpy((q.reshape(n, k // 32, 32).astype(np.float32) * d.astype(np.float32)[:, :, None])
-                            .reshape(n, k))
 
 
 def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from . import tile
+from . import quant, tile
 from .errors import InvalidRequest
 
 MR_MAX = tile.MR_MAX  # rows per register tile on this target (speed only, never the bits)
@@ -61,10 +61,11 @@ def set_num_threads(n: int) -> None:
 class PackedWeight:
     """A (N, K) weight packed as (ceil(N/NL), K, NL) so each thread task reads one contiguous block.
 
-    `data` is float32, or uint16 holding bfloat16 bits (widened exactly in the kernel), or uint8
-    holding Q8_0 groups, (ceil(N/NL), K/32, tile.GROUP_BYTES): per group of 32 k's the int8 quants
-    (k-major, lane-minor) then the lanes' float16 scales (`pack_q8`; dequantized in registers).
-    `bias` is float32 (N,) or an empty array.
+    `data` is float32, or uint16 holding bfloat16 bits (widened exactly in the kernel), or a
+    quantized format kept quantized (`pack_quant`, dequantized in registers): per block and group of
+    32 k's, the quants (k-major, lane-minor) then the lanes' float16 scales (and minimums); Q8_0 as
+    uint8 (ceil(N/NL), K/32, tile.GROUP_BYTES), Q4_0 / Q4_1 as records (ceil(N/NL), K/32) whose one
+    field names the format (tile.record_dtype). `bias` is float32 (N,) or an empty array.
     """
     data: np.ndarray
     n: int
@@ -72,22 +73,23 @@ class PackedWeight:
     bias: np.ndarray
 
     @property
-    def bf16(self) -> bool:
-        return self.data.dtype == np.uint16
+    def fmt(self) -> str:
+        """"f32", "bf16", or the quantized format ("q8_0", "q4_0", "q4_1")."""
+        dt = self.data.dtype
+        if dt.names:
+            return dt.names[0]
+        return {np.dtype(np.float32): "f32", np.dtype(np.uint16): "bf16", np.dtype(np.uint8): "q8_0"}[dt]
 
     @property
-    def q8(self) -> bool:
-        return self.data.dtype == np.uint8
+    def quantized(self) -> bool:
+        return self.fmt in quant.FORMATS
 
     def unpack(self) -> torch.Tensor:
         """(N, K) float32: the weight as the kernel sees it (for references and tests)."""
         d = self.data
-        if self.q8:  # f32(scale) * f32(q): exact, the gguf package's Q8_0 dequantization
-            nblk, G, _ = d.shape
-            q = d[:, :, : tile.QK * NL].view(np.int8).reshape(nblk, G, tile.QK, NL).astype(np.float32)
-            sc = d[:, :, tile.QK * NL:].copy().view(np.float16).astype(np.float32)  # (nblk, G, NL)
-            d = (q * sc[:, :, None, :]).reshape(nblk, G * tile.QK, NL)
-        elif self.bf16:
+        if self.quantized:
+            return torch.from_numpy(_unpack_quant(d, self.fmt).dequantize()[: self.n])
+        if self.fmt == "bf16":
             d = (d.astype(np.uint32) << 16).view(np.float32)
         return torch.from_numpy(np.ascontiguousarray(d.transpose(0, 2, 1).reshape(-1, self.k)[: self.n]))
 
@@ -109,23 +111,54 @@ def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeig
     return PackedWeight(data, n, k, b)
 
 
-def pack_q8(q: np.ndarray, scale: np.ndarray, bias: torch.Tensor | None = None) -> PackedWeight:
-    """Pack Q8_0 weights kept quantized: q (N, K) int8, scale (N, K/32) float16 (each row's group
-    scale, as in a GGUF Q8_0 block). Zero-pads N up to a multiple of NL (scale 0)."""
-    n, k = q.shape
-    if k % tile.QK or scale.shape != (n, k // tile.QK):
-        raise ValueError(f"pack_q8: q {q.shape} and scale {scale.shape} are not Q8_0 groups of {tile.QK}")
+def _lanes(a: np.ndarray, nblk: int) -> np.ndarray:
+    """(n, G) per-row group values -> (nblk, G, NL): zero-padded to nblk*NL rows, lane-minor."""
+    p = np.zeros((nblk * NL,) + a.shape[1:], a.dtype)
+    p[: a.shape[0]] = a
+    return p.reshape(nblk, NL, -1).transpose(0, 2, 1)
+
+
+def pack_quant(w: quant.Quantized, bias: torch.Tensor | None = None) -> PackedWeight:
+    """Pack a quantized weight kept quantized (tile.FORMATS: quants k-major and lane-minor, then the
+    lanes' float16 scales, then minimums). Zero-pads N up to a multiple of NL (scale 0)."""
+    n, k = w.shape
+    if k % tile.QK:
+        raise ValueError(f"pack_quant: rows of {k} are not whole groups of {tile.QK}")
+    F = tile.FORMATS[w.fmt]
     nblk, G = (n + NL - 1) // NL, k // tile.QK
-    qp = np.zeros((nblk * NL, k), np.int8)
-    qp[:n] = q
-    sp = np.zeros((nblk * NL, G), np.float16)
-    sp[:n] = scale
-    data = np.empty((nblk, G, tile.GROUP_BYTES), np.uint8)
-    quants = qp.reshape(nblk, NL, G, tile.QK).transpose(0, 2, 3, 1)  # (nblk, G, QK, NL): k-major, lane-minor
-    data[:, :, : tile.QK * NL] = quants.reshape(nblk, G, tile.QK * NL).view(np.uint8)
-    data[:, :, tile.QK * NL:] = sp.reshape(nblk, NL, G).transpose(0, 2, 1).copy().view(np.uint8)
+    data = np.empty((nblk, G, F.group_bytes), np.uint8)
+    q = _lanes(w.q.reshape(n, k).view(np.uint8), nblk).reshape(nblk, G, tile.QK, NL)  # (nblk, G, QK, NL)
+    if F.qbits == 4:  # byte j of a k-row: lane j low nibble, lane j + 16 high nibble
+        q = q[..., : NL // 2] | (q[..., NL // 2:] << 4)
+    qb = tile.QK * F.row_bytes
+    data[:, :, :qb] = q.reshape(nblk, G, qb)
+    data[:, :, qb: qb + 2 * NL] = _lanes(w.d, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
+    if F.has_min:
+        data[:, :, qb + 2 * NL:] = _lanes(w.m, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
+    if F.qbits == 4:
+        data = data.view(tile.record_dtype(w.fmt))[:, :, 0]
     b = np.empty(0, np.float32) if bias is None else bias.float().contiguous().numpy().copy()
     return PackedWeight(data, n, k, b)
+
+
+def _unpack_quant(data: np.ndarray, fmt: str) -> quant.Quantized:
+    """pack_quant's inverse (all nblk*NL rows)."""
+    F = tile.FORMATS[fmt]
+    raw = np.ascontiguousarray(data).view(np.uint8)
+    nblk, G = data.shape[:2]
+    raw = raw.reshape(nblk, G, F.group_bytes)
+    qb = tile.QK * F.row_bytes
+    q = raw[:, :, :qb].reshape(nblk, G, tile.QK, F.row_bytes)
+    if F.qbits == 4:
+        q = np.concatenate([q & 15, q >> 4], axis=3)
+    else:
+        q = q.view(np.int8)
+
+    def rows(a):  # (nblk, G, X, NL) -> (nblk*NL, G*X)
+        return np.ascontiguousarray(a.transpose(0, 3, 1, 2)).reshape(nblk * NL, -1)
+    d = rows(raw[:, :, qb: qb + 2 * NL].copy().view(np.float16)[:, :, None, :])
+    m = rows(raw[:, :, qb + 2 * NL:].copy().view(np.float16)[:, :, None, :]) if F.has_min else None
+    return quant.Quantized(fmt, rows(q), d, m)
 
 
 # _linear_block's epilogues: y = x @ w.T + bias; y += that (a residual); or, on interleaved gate/up

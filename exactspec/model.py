@@ -19,6 +19,7 @@ import torch
 
 from . import forward as F
 from . import kernels as K
+from . import quant as Q
 from .cache import KVCache
 from .config import ModelConfig
 from .errors import UnsupportedModelError
@@ -78,12 +79,12 @@ def inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 class Transformer:
     def __init__(self, cfg: ModelConfig, store: TensorStore, dtype: str, max_context: int, quant: str = "none"):
-        """quant: "none" (every weight as `dtype`), "keep" (linear weights the store holds as Q8_0 stay
-        Q8_0: GGUF files), "q8_0" (every linear weight quantized to Q8_0 at load)."""
+        """quant: "none" (every weight as `dtype`), "keep" (linear weights the store holds in a block
+        format of quant.FORMATS stay so: GGUF files), or one of quant.FORMATS (every linear weight
+        quantized to it at load)."""
         if dtype not in DTYPES:
             raise UnsupportedModelError(f"dtype={dtype!r} is not supported (float32, bfloat16)")
         self.cfg = cfg
-        self.dtype = dtype if quant == "none" else f"q8_0+{dtype}"
         self.max_context = max_context
         wd = DTYPES[dtype]
         H, D, Hq, Hkv, I = cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size
@@ -99,28 +100,33 @@ class Transformer:
         def bias(name: str, n: int, present: bool) -> torch.Tensor | None:
             return store.get(name, (n,), torch.float32) if present else None
 
-        # Which linear weights are Q8_0: a kind (qkv, o, gate+up, down, head) only if every layer's are.
-        stored = store.q8_names() if quant == "keep" and hasattr(store, "q8_names") else set()
+        # The format each kind of linear weight (qkv, o, gate+up, down, embed, head) is kept in: when
+        # keeping a file's formats, a kind stays quantized only if every layer's tensors of it share one
+        # (the kernel takes one format per stacked weight); otherwise it is `dtype`.
+        stored = store.quant_formats() if quant == "keep" and hasattr(store, "quant_formats") else {}
+
+        def kind_format(names: list[str]) -> str | None:
+            if quant in Q.FORMATS:
+                return quant
+            fmts = {stored.get(n) for n in names}
+            return fmts.pop() if len(fmts) == 1 and None not in fmts else None
         layer_names = {"qkv": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
                        "o": ("self_attn.o_proj.weight",), "gate_up": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
                        "down": ("mlp.down_proj.weight",)}
-        q8 = {kind: quant == "q8_0" or all(f"model.layers.{i}.{n}" in stored for i in range(cfg.n_layers)
-                                           for n in names) for kind, names in layer_names.items()}
+        fmt = {kind: kind_format([f"model.layers.{i}.{n}" for i in range(cfg.n_layers) for n in names])
+               for kind, names in layer_names.items()}
 
         def lin(kind: str, parts: list[tuple[str, tuple[int, int]]], b: torch.Tensor | None) -> K.PackedWeight:
-            """The weights `parts` stacked along N and packed: Q8_0 (kept or quantized) or `dtype`."""
-            if q8[kind]:
-                from .gguf_file import quantize_q8
-                qd = [(store.get_q8(n, s) if quant == "keep" else None) or quantize_q8(store.get(n, s, torch.float32))
-                      for n, s in parts]
-                return K.pack_q8(np.concatenate([q for q, _ in qd]), np.concatenate([d for _, d in qd]), b)
+            """The weights `parts` stacked along N and packed: quantized (kept or at load) or `dtype`."""
+            if fmt[kind]:
+                qs = [(store.get_quant(n, s) if quant == "keep" else None) or
+                      Q.quantize(store.get(n, s, torch.float32).numpy(), fmt[kind], n) for n, s in parts]
+                return K.pack_quant(Q.concat(qs), b)
             return K.pack_weight(torch.cat([store.get(n, s, wd) for n, s in parts]), b)
 
         E = "model.embed_tokens.weight"
-        q8["embed"] = quant == "q8_0" or E in stored  # quantized as a Q8_0 GGUF file has it
-        # the lookup table: Q8_0 rows are read from the packed Q8_0 weight (dequantized as they are
-        # looked up), other tables are kept as `dtype` (float32 for a quantized model: GGUF F16 is exact)
-        embed = lin("embed", [(E, (cfg.vocab_size, H))], None) if q8["embed"] else \
+        fmt["embed"] = kind_format([E])
+        embed = lin("embed", [(E, (cfg.vocab_size, H))], None) if fmt["embed"] else \
             store.get(E, (cfg.vocab_size, H), torch.float32 if quant != "none" else wd)  # (V, H)
         empty = np.empty(0, np.float32)
         st = None
@@ -151,14 +157,16 @@ class Transformer:
         self.layers: list[F.Layer] = [st.views(i) for i in range(cfg.n_layers)]
         self.norm = norm("model.norm.weight", H)
         if cfg.tie_word_embeddings or not store.has("lm_head.weight"):  # the head is the embedding, one copy
-            self.lm_head = embed if q8["embed"] else K.pack_weight(embed)
+            self.lm_head = embed if fmt["embed"] else K.pack_weight(embed)
         else:
-            q8["head"] = quant == "q8_0" or "lm_head.weight" in stored
+            fmt["head"] = kind_format(["lm_head.weight"])
             self.lm_head = lin("head", [("lm_head.weight", (cfg.vocab_size, H))], None)
+        kept = sorted({f for f in fmt.values() if f})
+        self.dtype = "+".join(kept + [dtype])  # e.g. "q4_1+q8_0+float32": the formats kept, then the rest
         self.cos, self.sin = K.rope_table(inv_freq(cfg), max_context)  # (C, D) each
         self.scale = 1.0 / math.sqrt(D)
-        if q8["embed"]:
-            self._embed_np = embed.data  # (nblk, H/32, GROUP_BYTES) uint8: F.embed_rows reads a row's lane
+        if fmt["embed"]:  # (nblk, H/32, group bytes) uint8: F.embed_rows reads a row's lane
+            self._embed_np = np.ascontiguousarray(embed.data).view(np.uint8).reshape(embed.data.shape[:2] + (-1,))
         else:
             e = embed.contiguous()
             self._embed_np = e.view(torch.int16).numpy().view(np.uint16) if e.dtype == torch.bfloat16 else e.numpy()

@@ -1,9 +1,16 @@
 """The register tile of the linear kernel, written in LLVM IR (numba intrinsics).
 
-Contract: `tile(mr)(x, m0, w, b, t)` computes, for rows m0 .. m0+mr-1 of x (M, K) float32 and the
-NL = 32 output lanes of packed weight block b of w (nblk, K, NL) (float32, or uint16 holding
-bfloat16 bits; each block's (K, NL) contiguous, the blocks at any stride),
-t[r, j] = fma(x[m0+r, K-1], w[b, K-1, j], ... fma(x[m0+r, 0], w[b, 0, j], +0.0)): each output is one chain of fused multiply-adds over k = 0, 1, ..., K-1, nothing else.
+Contract: `run_tile(mr, x, m0, w, b, t)` computes, for rows m0 .. m0+mr-1 of x (M, K) float32 and
+the NL = 32 output lanes of packed weight block b of w,
+t[r, j] = fma(x[m0+r, K-1], w[b, K-1, j], ... fma(x[m0+r, 0], w[b, 0, j], +0.0)): each output is one chain of fused multiply-adds over k = 0, 1, ..., K-1, nothing else. The weight formats (each
+block's data contiguous, the blocks at any stride):
+* float32 (nblk, K, NL), or uint16 (nblk, K, NL) holding bfloat16 bits (widened exactly: the top half
+  of a float32);
+* quantized, in groups of QK = 32 k's: per block and group, the quants (k-major, lane-minor), then
+  the lanes' float16 scales (and, Q4_1, minimums). The weight the chain multiplies is the format's
+  dequantized value, computed in registers with one fixed expression (see `FORMATS`); each is the
+  gguf package's dequantization to the bit, so a quantized tile computes the same chains as the
+  float32 tile on the dequantized weights.
 
 Why this is exact on any x86-64 CPU, for any tile shape:
 * `llvm.fma` is one correctly rounded IEEE operation: the same bits whether the CPU has an FMA
@@ -12,18 +19,22 @@ Why this is exact on any x86-64 CPU, for any tile shape:
   AVX-512 register or 4 SSE registers without changing any lane's arithmetic. No reduction ever
   runs across lanes, so the vector width never enters the result.
 * A row's chain does not depend on the other rows of the tile (they only share the weight
-  load), so mr = 1 and mr = 10 give the same bits for the same row; the tile height is a speed
+  loads), so mr = 1 and mr = 10 give the same bits for the same row; the tile height is a speed
   choice (`MR_MAX`, by the registers the target has) and never a numerical one.
 * The accumulators are SSA values (phi nodes), so they live in registers across the k loop and
   each weight vector is loaded and widened once per tile.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import llvmlite.binding as llb
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils, config
 from numba.extending import intrinsic
+
+from .quant import QK  # k's per quantization group
 
 NL = 32  # output lanes per packed block (2 vectors of 16)
 V = 16  # lanes per LLVM vector
@@ -49,125 +60,44 @@ def _wide_target() -> bool:
 MR_MAX = 10 if _wide_target() else 3
 
 
-# Q8_0 weights (w as uint8 (nblk, K/QK, GROUP_BYTES)): per block and group of QK = 32 k's, the 32 x 32
-# int8 quants (k-major, lane-minor), then the 32 lanes' float16 scales. Lane j's weight at k is
-# f32(scale[j]) * f32(q[k, j]): exact in float32 (11 + 8 significant bits), so a Q8_0 tile computes
-# the same FMA chains as the float32 tile on the dequantized weights.
-QK = 32
-GROUP_BYTES = QK * NL + 2 * NL
+
+@dataclass(frozen=True)
+class Format:
+    """A quantized layout: per block and group of QK k's, `qbits`-bit quants (k-major, lane-minor;
+    4-bit: byte j of a k-row holds lane j in its low nibble and lane j + 16 in its high one), then
+    NL float16 scales d, then (has_min) NL float16 minimums m. Dequantized weight:
+    q8_0: f32(d) * f32(q) (q int8); q4_0: f32(d) * f32(q - 8); q4_1: fma(f32(q), f32(d), f32(m)) --
+    the products are exact in float32 (11 + 8 significant bits at most), so each is the gguf package's
+    value, and Q4_1's `d * q + m` rounds once whether fused or not."""
+    name: str
+    qbits: int
+    has_min: bool
+
+    @property
+    def row_bytes(self) -> int:  # one k-row of a block's quants
+        return NL * self.qbits // 8
+
+    @property
+    def group_bytes(self) -> int:
+        return QK * self.row_bytes + 2 * NL * (2 if self.has_min else 1)
 
 
-class _Frame:
-    """What both tile bodies share: the operands as pointers (x's row m0, weight block b as `welt`*,
-    the output tile), the two intrinsics, the broadcast of x[m0 + r, k], the prefetch, the store."""
-
-    def __init__(self, context, builder, signature, args, welt):
-        xv, m0v, wv, bv, tv = args
-        xty, _, wty, _, tty = signature.args
-        self.b = builder
-        self.i64, self.i32, self.vf = ir.IntType(64), ir.IntType(32), ir.VectorType(ir.FloatType(), V)
-        xa = context.make_array(xty)(context, builder, xv)
-        self.wa = context.make_array(wty)(context, builder, wv)
-        ta = context.make_array(tty)(context, builder, tv)
-        self.sx = builder.udiv(cgutils.unpack_tuple(builder, xa.strides, 2)[0], ir.Constant(self.i64, 4))
-        self.xbase = builder.gep(xa.data, [builder.mul(m0v, self.sx)])  # float*: row m0, k = 0
-        sb = cgutils.unpack_tuple(builder, self.wa.strides, 3)[0]  # bytes between blocks (a view may skip some)
-        self.wbase = builder.inttoptr(builder.add(builder.ptrtoint(self.wa.data, self.i64), builder.mul(bv, sb)),
-                                      welt.as_pointer())
-        self.tbase = builder.bitcast(ta.data, ir.FloatType().as_pointer())
-        vf = self.vf
-        self.fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]),
-                                                  "llvm.fma.v16f32")
-        self.i8p = ir.IntType(8).as_pointer()
-        self.pf = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [self.i8p, self.i32, self.i32, self.i32]),
-            "llvm.prefetch.p0i8")
-
-    def c64(self, v: int):
-        return ir.Constant(self.i64, v)
-
-    def rows(self, k, mr: int) -> list:
-        """x[m0 + r, k] broadcast to all lanes, r = 0 .. mr-1."""
-        b, vf = self.b, self.vf
-        bcast = ir.Constant(ir.VectorType(self.i32, V), [0] * V)
-        out = []
-        for r in range(mr):
-            xr = b.load(b.gep(self.xbase, [b.add(b.mul(self.c64(r), self.sx), k)]))
-            xr = b.insert_element(ir.Constant(vf, ir.Undefined), xr, ir.Constant(self.i32, 0))
-            out.append(b.shuffle_vector(xr, ir.Constant(vf, ir.Undefined), bcast))
-        return out
-
-    def prefetch(self, ptr, mr: int) -> None:
-        i32 = self.i32
-        self.b.call(self.pf, [self.b.bitcast(ptr, self.i8p), ir.Constant(i32, 0), ir.Constant(i32, 2 if mr == 1 else 3),
-                              ir.Constant(i32, 1)])
-
-    def accumulators(self, mr: int, pre) -> list:
-        """mr x NL/V phi vectors, +0.0 on entry from `pre`."""
-        acc = [[self.b.phi(self.vf) for _ in range(NL // V)] for _ in range(mr)]
-        self.link(acc, [[ir.Constant(self.vf, None)] * (NL // V)] * mr, pre)
-        return acc
-
-    @staticmethod
-    def link(phis: list, vals: list, block) -> None:
-        """phis[r][v] takes vals[r][v] when control comes from `block` (a loop's back edge)."""
-        for prow, vrow in zip(phis, vals):
-            for p, v in zip(prow, vrow):
-                p.add_incoming(v, block)
-
-    def store(self, new: list, mr: int) -> None:
-        for r in range(mr):
-            for v in range(NL // V):
-                p = self.b.gep(self.tbase, [self.c64(r * NL + v * V)])
-                self.b.store(new[r][v], self.b.bitcast(p, self.vf.as_pointer()), align=4)
+FORMATS = {f.name: f for f in (Format("q8_0", 8, False), Format("q4_0", 4, False), Format("q4_1", 4, True))}
+GROUP_BYTES = FORMATS["q8_0"].group_bytes  # Q8_0 weights are uint8 (nblk, K/QK, GROUP_BYTES)
 
 
-def _make(mr: int):
-    @intrinsic
-    def tile(typingctx, x, m0, w, b, t):
-        sig = types.void(x, m0, w, b, t)
-        if w.dtype == types.uint8:
-            return sig, _q8_codegen(mr)
-        bf16 = w.dtype == types.uint16
+def record_dtype(fmt: str):
+    """The numpy dtype of one group of a 4-bit format: a record whose one field is named by the format
+    (so the kernel's type tells the format; Q8_0 is plain uint8 with a last axis of GROUP_BYTES)."""
+    import numpy as np
+    return np.dtype([(fmt, np.uint8, (FORMATS[fmt].group_bytes,))])
 
-        def codegen(context, builder, signature, args):
-            welt = ir.IntType(16) if bf16 else ir.FloatType()
-            f = _Frame(context, builder, signature, args, welt)
-            i32, vf = f.i32, f.vf
-            K = cgutils.unpack_tuple(builder, f.wa.shape, 3)[1]
-            pre = builder.block
-            loop = builder.append_basic_block("tile.k")
-            done = builder.append_basic_block("tile.done")
-            builder.branch(loop)
-            builder.position_at_end(loop)
-            k = builder.phi(f.i64)
-            k.add_incoming(f.c64(0), pre)
-            acc = f.accumulators(mr, pre)
-            xs = f.rows(k, mr)
-            krow = builder.mul(k, f.c64(NL))
-            size = 2 if bf16 else 4
-            for line in range(NL * size // 64):  # every cache line of the k-row (1 for bf16, 2 for f32)
-                f.prefetch(builder.gep(f.wbase, [builder.add(krow, f.c64((PREFETCH_BYTES + 64 * line) // size))]), mr)
-            new = [[None] * (NL // V) for _ in range(mr)]
-            for v in range(NL // V):
-                p = builder.gep(f.wbase, [builder.add(krow, f.c64(v * V))])
-                wvec = builder.load(builder.bitcast(p, ir.VectorType(welt, V).as_pointer()), align=2 if bf16 else 4)
-                if bf16:  # bfloat16 -> float32 is exact: the bf16 bits are the top half of the float32
-                    wvec = builder.zext(wvec, ir.VectorType(i32, V))
-                    wvec = builder.bitcast(builder.shl(wvec, ir.Constant(ir.VectorType(i32, V), [16] * V)), vf)
-                for r in range(mr):
-                    new[r][v] = builder.call(f.fma, [xs[r], wvec, acc[r][v]])
-            k1 = builder.add(k, f.c64(1))
-            k.add_incoming(k1, loop)
-            f.link(acc, new, loop)
-            builder.cbranch(builder.icmp_signed("<", k1, K), loop, done)
-            builder.position_at_end(done)
-            f.store(new, mr)
-            return context.get_dummy_value()
 
-        return sig, codegen
-
-    return tile
+def _format_of(dtype) -> str:
+    if isinstance(dtype, types.Record):
+        (name,) = dtype.fields
+        return name
+    return {types.float32: "f32", types.uint16: "bf16", types.uint8: "q8_0"}[dtype]
 
 
 def _f16_to_f32(builder, h):
@@ -190,60 +120,148 @@ def _f16_to_f32(builder, h):
     return builder.bitcast(builder.or_(bits, sign), vf)
 
 
-def _q8_codegen(mr: int):
-    def codegen(context, builder, signature, args):
-        i8, i16 = ir.IntType(8), ir.IntType(16)
-        f = _Frame(context, builder, signature, args, i8)
-        G = cgutils.unpack_tuple(builder, f.wa.shape, 3)[1]  # groups of QK k's
-        pre = builder.block
-        gloop = builder.append_basic_block("q8.g")
-        kloop = builder.append_basic_block("q8.k")
-        gnext = builder.append_basic_block("q8.gnext")
-        done = builder.append_basic_block("q8.done")
-        builder.branch(gloop)
-        # outer loop: group g; its NL scales widened once (f16 -> f32 is exact)
-        builder.position_at_end(gloop)
-        g = builder.phi(f.i64)
-        g.add_incoming(f.c64(0), pre)
-        gacc = f.accumulators(mr, pre)
-        gb = builder.gep(f.wbase, [builder.mul(g, f.c64(GROUP_BYTES))])
-        scales = []
-        for v in range(NL // V):
-            p = builder.gep(gb, [f.c64(QK * NL + 2 * V * v)])
-            h = builder.load(builder.bitcast(p, ir.VectorType(i16, V).as_pointer()), align=2)
-            scales.append(_f16_to_f32(builder, h))
-        gpre = builder.block
-        builder.branch(kloop)
-        # inner loop: kk = 0 .. QK-1 within the group, k = g * QK + kk
-        builder.position_at_end(kloop)
-        kk = builder.phi(f.i64)
-        kk.add_incoming(f.c64(0), gpre)
-        acc = [[builder.phi(f.vf) for _ in range(NL // V)] for _ in range(mr)]
-        f.link(acc, gacc, gpre)
-        xs = f.rows(builder.add(builder.mul(g, f.c64(QK)), kk), mr)
-        krow = builder.gep(gb, [builder.mul(kk, f.c64(NL))])
-        f.prefetch(builder.gep(krow, [f.c64(PREFETCH_BYTES)]), mr)
-        new = [[None] * (NL // V) for _ in range(mr)]
-        for v in range(NL // V):
-            p = builder.gep(krow, [f.c64(v * V)])
-            q = builder.load(builder.bitcast(p, ir.VectorType(i8, V).as_pointer()), align=1)
-            wvec = builder.fmul(builder.sitofp(q, f.vf), scales[v])  # exact: the dequantized weight
-            for r in range(mr):
-                new[r][v] = builder.call(f.fma, [xs[r], wvec, acc[r][v]])
-        kk1 = builder.add(kk, f.c64(1))
-        kk.add_incoming(kk1, kloop)
-        f.link(acc, new, kloop)
-        builder.cbranch(builder.icmp_signed("<", kk1, f.c64(QK)), kloop, gnext)
-        builder.position_at_end(gnext)
-        g1 = builder.add(g, f.c64(1))
-        g.add_incoming(g1, gnext)
-        f.link(gacc, new, gnext)
-        builder.cbranch(builder.icmp_signed("<", g1, G), gloop, done)
-        builder.position_at_end(done)
-        f.store(new, mr)
-        return context.get_dummy_value()
+class _Tile:
+    """The IR of one tile: mr rows, weights of format `fmt`."""
 
-    return codegen
+    def __init__(self, context, builder, signature, args, mr: int, fmt: str):
+        xv, m0v, wv, bv, tv = args
+        xty, _, wty, _, tty = signature.args
+        self.b, self.mr, self.fmt = builder, mr, fmt
+        self.i8, self.i16, self.i32, self.i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+        self.vf = ir.VectorType(ir.FloatType(), V)
+        self.i8p = self.i8.as_pointer()
+        xa = context.make_array(xty)(context, builder, xv)
+        wa = context.make_array(wty)(context, builder, wv)
+        ta = context.make_array(tty)(context, builder, tv)
+        self.sx = builder.udiv(cgutils.unpack_tuple(builder, xa.strides, 2)[0], self.c64(4))
+        self.xbase = builder.gep(xa.data, [builder.mul(m0v, self.sx)])  # float*: row m0, k = 0
+        self.n = cgutils.unpack_tuple(builder, wa.shape, wty.ndim)[1]  # K (float) or groups (quantized)
+        sb = cgutils.unpack_tuple(builder, wa.strides, wty.ndim)[0]  # bytes between blocks (a view may skip some)
+        base = builder.ptrtoint(wa.data, self.i64)
+        self.w = builder.inttoptr(builder.add(base, builder.mul(bv, sb)), self.i8p)  # block b, byte 0
+        self.t = builder.bitcast(ta.data, ir.FloatType().as_pointer())
+        vf = self.vf
+        self.fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]),
+                                                  "llvm.fma.v16f32")
+        self.pf = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [self.i8p, self.i32, self.i32, self.i32]),
+            "llvm.prefetch.p0i8")
+
+    def c64(self, v: int):
+        return ir.Constant(self.i64, v)
+
+    def vec(self, p, elt, align: int):
+        """Load a <16 x elt> at byte pointer p."""
+        return self.b.load(self.b.bitcast(p, ir.VectorType(elt, V).as_pointer()), align=align)
+
+    def rows(self, k) -> list:
+        """x[m0 + r, k] broadcast to all lanes, r = 0 .. mr-1."""
+        b, vf = self.b, self.vf
+        bcast = ir.Constant(ir.VectorType(self.i32, V), [0] * V)
+        out = []
+        for r in range(self.mr):
+            xr = b.load(b.gep(self.xbase, [b.add(b.mul(self.c64(r), self.sx), k)]))
+            xr = b.insert_element(ir.Constant(vf, ir.Undefined), xr, ir.Constant(self.i32, 0))
+            out.append(b.shuffle_vector(xr, ir.Constant(vf, ir.Undefined), bcast))
+        return out
+
+    def prefetch(self, p) -> None:
+        b, i32 = self.b, self.i32
+        b.call(self.pf, [b.gep(p, [self.c64(PREFETCH_BYTES)]), ir.Constant(i32, 0),
+                         ir.Constant(i32, 2 if self.mr == 1 and self.fmt in ("f32", "bf16") else 3), ir.Constant(i32, 1)])
+
+    def loop(self, n, acc_in: list, body) -> list:
+        """for i in range(n) (n >= 1): acc = body(i, acc); the accumulators are phi nodes."""
+        b = self.b
+        pre = b.block
+        head = b.append_basic_block("tile.loop")
+        after = b.append_basic_block("tile.after")
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(self.i64)
+        i.add_incoming(self.c64(0), pre)
+        acc = [b.phi(self.vf) for _ in acc_in]
+        for p, v in zip(acc, acc_in):
+            p.add_incoming(v, pre)
+        new = body(i, acc)
+        end = b.block  # the body may have opened blocks of its own (an inner loop)
+        i1 = b.add(i, self.c64(1))
+        i.add_incoming(i1, end)
+        for p, v in zip(acc, new):
+            p.add_incoming(v, end)
+        b.cbranch(b.icmp_signed("<", i1, n if isinstance(n, ir.Value) else self.c64(n)), head, after)
+        b.position_at_end(after)
+        return new
+
+    def step(self, k, w: list, acc: list) -> list:
+        """One k: acc[r, v] = fma(x[m0 + r, k], w[v], acc[r, v]) (acc flat, row-major)."""
+        xs = self.rows(k)
+        return [self.b.call(self.fma, [xs[i // (NL // V)], w[i % (NL // V)], a]) for i, a in enumerate(acc)]
+
+    def float_body(self, k, acc: list) -> list:
+        b, bf16 = self.b, self.fmt == "bf16"
+        size = 2 if bf16 else 4
+        row = b.gep(self.w, [b.mul(k, self.c64(NL * size))])
+        for line in range(NL * size // 64):  # every cache line of the k-row (1 for bf16, 2 for f32)
+            self.prefetch(b.gep(row, [self.c64(64 * line)]))
+        ws = []
+        for v in range(NL // V):
+            p = b.gep(row, [self.c64(v * V * size)])
+            if bf16:  # bfloat16 -> float32 is exact: the bf16 bits are the top half of the float32
+                wvec = b.zext(self.vec(p, self.i16, 2), ir.VectorType(self.i32, V))
+                ws.append(b.bitcast(b.shl(wvec, ir.Constant(ir.VectorType(self.i32, V), [16] * V)), self.vf))
+            else:
+                ws.append(self.vec(p, ir.FloatType(), 4))
+        return self.step(k, ws, acc)
+
+    def group_body(self, g, acc: list) -> list:
+        """Group g of a quantized format: its scales (and minimums) widened once, then QK k's."""
+        b, F = self.b, FORMATS[self.fmt]
+        gb = b.gep(self.w, [b.mul(g, self.c64(F.group_bytes))])
+        qb = QK * F.row_bytes
+
+        def halves(off):
+            return [_f16_to_f32(b, self.vec(b.gep(gb, [self.c64(off + 2 * V * v)]), self.i16, 2)) for v in range(NL // V)]
+        scales = halves(qb)
+        mins = halves(qb + 2 * NL) if F.has_min else None
+        v8 = ir.VectorType(self.i8, V)
+
+        def k_body(kk, acc):
+            row = b.gep(gb, [b.mul(kk, self.c64(F.row_bytes))])
+            self.prefetch(row)
+            if F.qbits == 8:
+                qs = [b.sitofp(self.vec(b.gep(row, [self.c64(V * v)]), self.i8, 1), self.vf) for v in range(NL // V)]
+                ws = [b.fmul(q, s) for q, s in zip(qs, scales)]
+            else:
+                packed = self.vec(row, self.i8, 1)
+                nib = [b.and_(packed, ir.Constant(v8, [15] * V)), b.lshr(packed, ir.Constant(v8, [4] * V))]
+                if F.has_min:  # q4_1: d * q + m, one rounding (d * q is exact)
+                    ws = [b.call(self.fma, [b.uitofp(q, self.vf), s, m]) for q, s, m in zip(nib, scales, mins)]
+                else:  # q4_0: d * (q - 8), exact
+                    ws = [b.fmul(b.sitofp(b.sub(q, ir.Constant(v8, [8] * V)), self.vf), s) for q, s in zip(nib, scales)]
+            return self.step(b.add(b.mul(g, self.c64(QK)), kk), ws, acc)
+        return self.loop(QK, acc, k_body)
+
+    def build(self) -> None:
+        zero = [ir.Constant(self.vf, None)] * (self.mr * (NL // V))
+        body = self.float_body if self.fmt in ("f32", "bf16") else self.group_body
+        out = self.loop(self.n, zero, body)
+        b = self.b
+        for i, acc in enumerate(out):  # row r = i // 2, vector v = i % 2: t[r, 16 v ..]
+            p = b.gep(self.t, [self.c64((i // (NL // V)) * NL + (i % (NL // V)) * V)])
+            b.store(acc, b.bitcast(p, self.vf.as_pointer()), align=4)
+
+
+def _make(mr: int):
+    @intrinsic
+    def tile(typingctx, x, m0, w, b, t):
+        fmt = _format_of(w.dtype)
+
+        def codegen(context, builder, signature, args):
+            _Tile(context, builder, signature, args, mr, fmt).build()
+            return context.get_dummy_value()
+        return types.void(x, m0, w, b, t), codegen
+    return tile
 
 
 _t = [_make(mr) for mr in range(1, 11)]

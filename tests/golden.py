@@ -79,8 +79,8 @@ def record() -> dict:
         # Q8_0 kept quantized (the int8 widening, the float16 scales in integer ops): its own generator,
         # so the records above stay as they were; K = 64 and I = 160 are whole groups of 32
         rng8 = np.random.default_rng(8)
-        from exactspec.gguf_file import quantize_q8
-        p = K.pack_q8(*quantize_q8(_ints(rng8, (77, 64), 0.3)))
+        from exactspec import quant
+        p = K.pack_quant(quant.quantize(_ints(rng8, (77, 64), 0.3).numpy(), "q8_0"))
         x = _ints(rng8, (13, 64), 1.7) + _ints(rng8, (13, 64), 1e-3)
         out["linear_q8_0"] = _sha(torch.cat([K.linear(x[:m], p) for m in range(1, 14)]))
         model = exactspec.load(build(Path(tmp) / "q8", torch.float32, intermediate_size=160), quantize="q8_0")
@@ -89,6 +89,13 @@ def record() -> dict:
         out["greedy_q8_0"] = g.token_ids
         out["lookup_equals_greedy_q8_0"] = g.token_ids == model.generate(
             prompt, 40, ignore_eos=True, draft="lookup", num_draft_tokens=3).token_ids
+        for fmt in ("q4_0", "q4_1"):  # the nibble unpacking, the Q4_1 minimum's rounding
+            rng4 = np.random.default_rng(4)
+            p = K.pack_quant(quant.quantize((_ints(rng4, (77, 64), 0.3) + 0.7).numpy(), fmt))
+            x = _ints(rng4, (13, 64), 1.7) + _ints(rng4, (13, 64), 1e-3)
+            out[f"linear_{fmt}"] = _sha(torch.cat([K.linear(x[:m], p) for m in range(1, 14)]))
+            model = exactspec.load(build(Path(tmp) / fmt, torch.float32, intermediate_size=160), quantize=fmt)
+            out[f"greedy_{fmt}"] = model.generate(prompt, 40, ignore_eos=True).token_ids
     return out
 
 

@@ -34,7 +34,8 @@ def add_tokenizer(w: gguf.GGUFWriter, folder) -> None:
     w.add_chat_template(json.loads((folder / "tokenizer_config.json").read_text())["chat_template"])
 
 
-def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", skip=(), tokenizer_folder=None):
+def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", skip=(), tokenizer_folder=None,
+               embed_type=None):
     c = model.config
     sd = {k: v.float() for k, v in model.state_dict().items()}
     w = gguf.GGUFWriter(str(path), arch)
@@ -51,7 +52,7 @@ def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", s
     if tokenizer_folder is not None:
         add_tokenizer(w, tokenizer_folder)
 
-    def put(name, t):
+    def put(name, t, qtype=qtype):
         if name in skip:
             return
         a = t.numpy()
@@ -63,7 +64,7 @@ def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", s
         else:
             w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
 
-    put("token_embd.weight", sd["model.embed_tokens.weight"])
+    put("token_embd.weight", sd["model.embed_tokens.weight"], embed_type or qtype)
     put("output_norm.weight", sd["model.norm.weight"])
     if not c.tie_word_embeddings:
         put("output.weight", sd["lm_head.weight"])

@@ -1,7 +1,8 @@
-"""Q8_0 weights kept quantized (dequantized in registers inside the linear kernel): bitwise the
+"""Block-quantized weights kept quantized (Q8_0, Q4_0, Q4_1; dequantized in registers inside the
+linear kernel): each weight's value is the gguf package's dequantization; the kernel is bitwise the
 float kernel on the dequantized weights, for every row count, tile height and thread count; a
-Q8_0 GGUF file kept quantized computes bitwise what the same file dequantized to float32 computes;
-an HF folder quantized at load equals the Q8_0 GGUF of the same weights."""
+quantized GGUF file kept quantized computes bitwise what the same file dequantized to float32
+computes; an HF folder quantized at load equals the GGUF of the same weights."""
 import gguf
 import numpy as np
 import pytest
@@ -9,26 +10,42 @@ import torch
 
 import exactspec
 from exactspec import kernels as K
-from exactspec import tile
-from exactspec.gguf_file import quantize_q8
+from exactspec import quant, tile
 from exactspec.testing import random_model
 from test_gguf import _ids, write_gguf
 
-Q8 = gguf.GGMLQuantizationType.Q8_0
+FORMATS = quant.FORMATS
+TYPE = {f: getattr(gguf.GGMLQuantizationType, f.upper()) for f in FORMATS}
 
 
-def _q8(w: np.ndarray, bias=None) -> K.PackedWeight:
-    return K.pack_q8(*quantize_q8(torch.from_numpy(w)), bias)
+def _packed(w: np.ndarray, fmt: str, bias=None) -> K.PackedWeight:
+    return K.pack_quant(quant.quantize(w, fmt), bias)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gguf_blocks_split_and_pack_without_loss(fmt):
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((70, 96)).astype(np.float32) * np.logspace(-2, 2, 96, dtype=np.float32)
+    raw = gguf.quants.quantize(w, TYPE[fmt])
+    ref = gguf.quants.dequantize(raw, TYPE[fmt]).reshape(70, 96)
+    q = quant.from_blocks(raw, fmt, 70, 96)
+    assert np.array_equal(q.dequantize().view(np.uint32), ref.view(np.uint32))  # each value defined once
+    p = K.pack_quant(q)
+    assert p.fmt == fmt and p.quantized
+    assert np.array_equal(p.unpack().numpy().view(np.uint32), ref.view(np.uint32))
+    assert p.data.nbytes == 3 * 3 * tile.FORMATS[fmt].group_bytes  # 3 blocks of 32 rows x 3 groups, no more
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n,k,bias", [(77, 64, False), (100, 96, True), (32, 32, False)])
-def test_q8_linear_is_the_float_kernel_on_dequantized_weights(n, k, bias):
+def test_quantized_linear_is_the_float_kernel_on_dequantized_weights(fmt, n, k, bias):
     rng = np.random.default_rng(n)
     w = rng.standard_normal((n, k)).astype(np.float32)
+    w[: n // 3] += 3.0  # Q4_1 blocks with a large minimum: d * q + m rounds
     b = torch.randn(n) if bias else None
-    pq = _q8(w, b)
-    deq = gguf.quants.dequantize(gguf.quants.quantize(w, Q8), Q8).reshape(n, k)
-    assert np.array_equal(pq.unpack().numpy(), deq)  # the value of each weight is defined once
+    pq = _packed(w, fmt, b)
+    deq = gguf.quants.dequantize(gguf.quants.quantize(w, TYPE[fmt]), TYPE[fmt]).reshape(n, k)
+    assert np.array_equal(pq.unpack().numpy(), deq)
     pf = K.pack_weight(torch.from_numpy(deq), b)
     M = 3 * K.MR_MAX + 2
     x = torch.randn(M, k) * torch.logspace(-3, 3, k)  # many exponents: real roundings
@@ -48,31 +65,33 @@ def test_every_float16_scale_widens_exactly():
     hs = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     hs = hs[np.isfinite(hs) & ~((hs == 0) & np.signbit(hs))]  # -0 * 1 + (+0) is +0 in any chain
     hs = hs[: len(hs) // 32 * 32]
-    pq = K.pack_q8(np.ones((len(hs), 32), np.int8), hs.reshape(-1, 1))
+    pq = K.pack_quant(quant.Quantized("q8_0", np.ones((len(hs), 32), np.int8), hs.reshape(-1, 1)))
     x = torch.zeros(1, 32)
     x[0, 0] = 1.0
     got = K.linear(x, pq)[0].numpy()
     assert np.array_equal(got.view(np.uint32), hs.astype(np.float32).view(np.uint32))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_q8_gguf_kept_quantized_equals_it_dequantized(arch, tmp_path):
+@pytest.mark.parametrize("arch,fmt", [("llama", "q8_0"), ("qwen2", "q8_0"), ("llama", "q4_0"), ("qwen2", "q4_1")])
+def test_quantized_gguf_kept_quantized_equals_it_dequantized(arch, fmt, tmp_path):
     hf = random_model(arch, hidden=64)
-    path = write_gguf(hf, tmp_path / "m.gguf", Q8, arch=arch)
+    path = write_gguf(hf, tmp_path / "m.gguf", TYPE[fmt], arch=arch)
     kept, deq = exactspec.load(path), exactspec.load(path, dtype="float32")
     L = kept.net.layers[0]
-    assert all(w.q8 for w in (L.wqkv, L.wo, L.w_gate, L.w_up, L.w_down, kept.net.lm_head))
-    assert not deq.net.layers[0].wqkv.q8
+    assert all(w.fmt == fmt for w in (L.wqkv, L.wo, L.w_gate, L.w_up, L.w_down, kept.net.lm_head))
+    assert kept.net.dtype == f"{fmt}+float32"
+    assert not deq.net.layers[0].wqkv.quantized
     V = kept.cfg.vocab_size
     every = torch.arange(V)
-    assert torch.equal(kept.net.embed_rows(every), deq.net.embed_rows(every))  # looked up from the Q8_0 blocks
+    assert torch.equal(kept.net.embed_rows(every), deq.net.embed_rows(every))  # looked up from the blocks
     if kept.cfg.tie_word_embeddings:  # one copy: the lookup reads the packed head
-        assert kept.net._embed_np is kept.net.lm_head.data
+        assert np.shares_memory(kept.net._embed_np, kept.net.lm_head.data)
     ids = _ids()
     assert torch.equal(kept.logits(ids), deq.logits(ids))
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
-    assert (kept.logits(ids) - ref).abs().max() < 0.1 * ref.abs().max()  # quantization error, not a layout bug
+    err = 0.1 if fmt == "q8_0" else 0.5
+    assert (kept.logits(ids) - ref).abs().max() < err * ref.abs().max()  # quantization error, not a layout bug
     g = kept.generate(ids, 40, ignore_eos=True)
     assert g.token_ids == deq.generate(ids, 40, ignore_eos=True).token_ids
     assert kept.generate(ids, 40, ignore_eos=True, draft="lookup", num_draft_tokens=3).token_ids == g.token_ids
@@ -85,18 +104,32 @@ def test_q8_gguf_kept_quantized_equals_it_dequantized(arch, tmp_path):
         K.set_num_threads(2)
 
 
-def test_hf_folder_quantized_at_load_equals_the_q8_gguf(ckpt, tmp_path):
-    path = write_gguf(random_model("llama"), tmp_path / "m.gguf", Q8)  # the folder's weights, quantized by gguf
-    a, b = exactspec.load(ckpt("llama"), quantize="q8_0"), exactspec.load(path)
-    assert a.net.layers[1].w_down.q8 and b.net.layers[1].w_down.q8
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_hf_folder_quantized_at_load_equals_the_gguf(ckpt, fmt, tmp_path):
+    path = write_gguf(random_model("llama"), tmp_path / "m.gguf", TYPE[fmt])  # the folder's weights, by gguf
+    a, b = exactspec.load(ckpt("llama"), quantize=fmt), exactspec.load(path)
+    assert a.net.layers[1].w_down.fmt == fmt and b.net.layers[1].w_down.fmt == fmt
     ids = _ids()
     assert torch.equal(a.logits(ids), b.logits(ids))
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_speculative_with_q8_target_and_q8_draft_is_the_q8_target_alone(ckpt, temperature):
-    target = exactspec.load(ckpt("qwen3"), quantize="q8_0")
-    draft = exactspec.load(ckpt("llama", seed=7, layers=1, hidden=32), quantize="q8_0")
+def test_a_file_of_mixed_formats_keeps_each_kind_in_its_own(tmp_path):
+    """As SmolLM2's Q4_1 file: Q4_1 layers, a Q8_0 embedding."""
+    hf = random_model("llama", hidden=64)
+    path = write_gguf(hf, tmp_path / "m.gguf", TYPE["q4_1"], embed_type=TYPE["q8_0"])
+    kept, deq = exactspec.load(path), exactspec.load(path, dtype="float32")
+    assert kept.net.layers[0].w_down.fmt == "q4_1"
+    assert kept.net._embed_np.shape[2] == tile.GROUP_BYTES  # Q8_0 groups
+    assert kept.net.lm_head.fmt == ("q8_0" if kept.cfg.tie_word_embeddings else "q4_1")
+    assert kept.net.dtype == "q4_1+q8_0+float32"
+    ids = _ids()
+    assert torch.equal(kept.logits(ids), deq.logits(ids))
+
+
+@pytest.mark.parametrize("temperature,fmt", [(0.0, "q8_0"), (0.9, "q8_0"), (0.0, "q4_0"), (0.9, "q4_1")])
+def test_speculative_with_quantized_target_and_draft_is_the_target_alone(ckpt, temperature, fmt):
+    target = exactspec.load(ckpt("qwen3"), quantize=fmt)
+    draft = exactspec.load(ckpt("llama", seed=7, layers=1, hidden=32), quantize=fmt)
     prompts = [[5, 6, 7, 8], list(range(30, 70)), [9, 9, 9]]
     kw = dict(temperature=temperature, seed=3, ignore_eos=True)
     alone = [target.generate(p, 48, **kw).token_ids for p in prompts]
@@ -105,17 +138,18 @@ def test_speculative_with_q8_target_and_q8_draft_is_the_q8_target_alone(ckpt, te
         assert [r.token_ids for r in got] == alone, k
 
 
-def test_q8_weights_take_17_bytes_per_16_weights(ckpt):
-    m = exactspec.load(ckpt("llama", hidden=128), quantize="q8_0")
+@pytest.mark.parametrize("fmt,bytes_per_32", [("q8_0", 34), ("q4_0", 18), ("q4_1", 20)])
+def test_quantized_weights_take_the_bytes_of_their_gguf_blocks(ckpt, fmt, bytes_per_32):
+    m = exactspec.load(ckpt("llama", hidden=128), quantize=fmt)
     st = m.net.stack
-    q8_bytes = sum(a.nbytes for name, a in st.arrays.items() if a.dtype == np.uint8)
+    qbytes = sum(a.nbytes for name, a in st.arrays.items() if name.startswith("w"))
     weights = st.work  # multiply-adds per row = weights of every layer's linears
-    assert q8_bytes == weights * tile.GROUP_BYTES // (tile.QK * tile.NL)  # N is a multiple of 32 here
-    assert tile.GROUP_BYTES / (tile.QK * tile.NL) == 1.0625  # as a GGUF Q8_0 block: 34 bytes per 32
+    assert qbytes == weights * tile.FORMATS[fmt].group_bytes // (tile.QK * tile.NL)  # N is a multiple of 32 here
+    assert tile.FORMATS[fmt].group_bytes * 32 == bytes_per_32 * tile.QK * tile.NL
 
 
 def test_bad_quantize_and_dtype_are_named(ckpt):
     with pytest.raises(exactspec.UnsupportedModelError, match="quantize='q4_k'"):
         exactspec.load(ckpt("llama"), quantize="q4_k")
-    with pytest.raises(exactspec.UnsupportedModelError, match="rows of 48 values"):
+    with pytest.raises(exactspec.UnsupportedModelError, match="rows of 48 values, not whole blocks of 32"):
         exactspec.load(ckpt("llama", hidden=48), quantize="q8_0")
