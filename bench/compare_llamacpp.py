@@ -1,14 +1,16 @@
-"""exactspec vs llama.cpp on the same weights (BF16, or Q8_0 kept quantized by both), side by side
-in one run, 2 threads each.
+"""exactspec vs llama.cpp on the same weights (BF16, or Q8_0 / Q4_0 / Q4_1 kept quantized by both),
+side by side in one run, 2 threads each.
 
     pip install -e '.[bench]'        # llama-cpp-python (built from source by pip) and gguf
     python bench/compare_llamacpp.py [--tokens 64] [--repeat 3] [--llama-python PATH] [--gguf FILE] \
-        [--qtype BF16 Q8_0]
+        [--qtype BF16 Q8_0 Q4_0 Q4_1 FILE]
 
 A random Llama in Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14/2 heads, intermediate 4864,
 vocabulary 32000, tied embeddings) is saved once as a HF folder (for exactspec) and written as a
 BF16 GGUF with gguf.GGUFWriter (for llama.cpp: q/k rows permuted to its rotary layout, as its own
-converter does). Each side runs in its own process, one after the other (their thread pools spin
+converter does), and as a GGUF of each quantized --qtype (every matrix, embedding included, quantized
+by the gguf package, as llama.cpp's quantize does for a "pure" file). With --gguf FILE, FILE's
+weights dequantized to BF16 (or quantized from there), and FILE itself as it is (--qtype FILE). Each side runs in its own process, one after the other (their thread pools spin
 after each call and would steal each other's cores): prompt processing of a 64-token prompt
 (tokens/s) and greedy generation (tokens/s, argmax of the logits, no sampler), median of --repeat
 runs. Prints the ratios, and how many greedy tokens the two agree on (llama.cpp rounds the
@@ -32,17 +34,17 @@ SHAPE = dict(QWEN_05B, rms_norm_eps=1e-6, rope_theta=1000000.0, bos_token_id=1, 
 PROMPT = [1] + list(range(300, 363))  # 64 tokens
 
 
-def build(folder: Path) -> None:
+def build(folder: Path, qtypes: list[str]) -> None:
     import torch
     import transformers as tf
     torch.manual_seed(0)
     model = tf.LlamaForCausalLM(tf.LlamaConfig(**SHAPE)).to(torch.bfloat16).eval()
     model.save_pretrained(folder / "hf")
-    for q in ("BF16", "Q8_0"):
+    for q in qtypes:
         write_gguf(model.state_dict(), folder / f"model-{q.lower()}.gguf", SHAPE, q)
 
 
-def from_gguf(src: Path, folder: Path) -> dict:
+def from_gguf(src: Path, folder: Path, qtypes: list[str]) -> dict:
     """Dequantize a llama GGUF (e.g. SmolLM2's Q4_1) to BF16 and write it as model-bf16.gguf: both
     sides then read the very same BF16 weights from one file."""
     import torch
@@ -64,14 +66,17 @@ def from_gguf(src: Path, folder: Path) -> dict:
     for n in names:
         t = store.tensors[gguf_name(n)]
         sd[n] = store.get(n, tuple(int(d) for d in reversed(t.shape.tolist())), torch.bfloat16)
-    for q in ("BF16", "Q8_0"):
-        write_gguf(sd, folder / f"model-{q.lower()}.gguf", shape, q)
+    for q in qtypes:
+        if q == "FILE":
+            (folder / "model-file.gguf").symlink_to(src.resolve())
+        else:
+            write_gguf(sd, folder / f"model-{q.lower()}.gguf", shape, q)
     return shape
 
 
 def write_gguf(sd: dict, path: Path, c: dict, qtype: str = "BF16") -> None:
-    """BF16: every matrix as bfloat16. Q8_0: every matrix quantized by the gguf package (as llama.cpp's
-    quantize does for a Q8_0 file, the embedding and the head included)."""
+    """BF16: every matrix as bfloat16. Q8_0, Q4_0, Q4_1: every matrix quantized by the gguf package (as
+    llama.cpp's quantize does for a pure file of that type, the embedding and the head included)."""
     import gguf
     import numpy as np
     import torch
@@ -86,7 +91,7 @@ def write_gguf(sd: dict, path: Path, c: dict, qtype: str = "BF16") -> None:
     w.add_rope_dimension_count(H // Hq)
     w.add_rope_freq_base(c["rope_theta"])
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if qtype == "BF16" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    w.add_file_type(getattr(gguf.LlamaFileType, "MOSTLY_" + qtype))
     # a SentencePiece-style vocabulary of placeholder pieces: the benchmark feeds token ids only
     V = c["vocab_size"]
     toks = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
@@ -107,9 +112,9 @@ def write_gguf(sd: dict, path: Path, c: dict, qtype: str = "BF16") -> None:
     def put(name: str, t: torch.Tensor) -> None:
         if t.dim() == 1:
             w.add_tensor(name, t.float().numpy())
-        elif qtype == "Q8_0":
-            q8 = gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(name, gguf.quants.quantize(t.float().contiguous().numpy(), q8), raw_dtype=q8)
+        elif qtype != "BF16":
+            qt = getattr(gguf.GGMLQuantizationType, qtype)
+            w.add_tensor(name, gguf.quants.quantize(t.float().contiguous().numpy(), qt), raw_dtype=qt)
         else:
             bits = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
             w.add_tensor(name, bits, raw_dtype=gguf.GGMLQuantizationType.BF16)
@@ -136,8 +141,8 @@ def write_gguf(sd: dict, path: Path, c: dict, qtype: str = "BF16") -> None:
 def run_ours(folder: Path, tokens: int, threads: int, qtype: str) -> dict:
     import exactspec
     exactspec.set_num_threads(threads)
-    if qtype == "Q8_0":  # the very file llama.cpp reads, its Q8_0 weights kept quantized
-        model = exactspec.load(folder / "model-q8_0.gguf", max_context=512)
+    if qtype != "BF16":  # the very file llama.cpp reads, its quantized weights kept quantized
+        model = exactspec.load(folder / f"model-{qtype.lower()}.gguf", max_context=512)
     else:
         src = folder / "hf" if (folder / "hf").is_dir() else folder / "model-bf16.gguf"
         model = exactspec.load(src, dtype="bfloat16", max_context=512)
@@ -186,15 +191,19 @@ def main() -> None:
     ap.add_argument("--llama-python", default=sys.executable, help="a Python with llama-cpp-python installed")
     ap.add_argument("--gguf", default=None, help="a llama GGUF file (e.g. SmolLM2-135M-Instruct.Q4_1.gguf): "
                     "dequantized to one BF16 GGUF that both sides load, instead of the random 0.5B-shape model")
-    ap.add_argument("--qtype", nargs="+", default=["BF16", "Q8_0"], choices=["BF16", "Q8_0"],
-                    help="weight formats to compare (Q8_0: the matrices quantized, kept quantized by both sides)")
+    ap.add_argument("--qtype", nargs="+", default=["BF16", "Q8_0", "Q4_0"],
+                    choices=["BF16", "Q8_0", "Q4_0", "Q4_1", "FILE"],
+                    help="weight formats to compare (quantized: kept quantized by both sides; FILE: the --gguf file "
+                    "as it is)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if a.gguf:
-            shape = from_gguf(Path(a.gguf), Path(tmp))
+            shape = from_gguf(Path(a.gguf), Path(tmp), a.qtype)
             what = f"{Path(a.gguf).name} dequantized to BF16 (hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers)"
         else:
-            build(Path(tmp))
+            if "FILE" in a.qtype:
+                raise SystemExit("--qtype FILE needs --gguf FILE")
+            build(Path(tmp), a.qtype)
             what = "Llama, Qwen2.5-0.5B shape, random weights, BF16"
         runs = {(q, s): [] for q in a.qtype for s in ("ours", "llamacpp")}
         for _ in range(a.repeat):  # alternate, so slow drifts of the machine hit both sides
@@ -212,8 +221,9 @@ def main() -> None:
                      f"{ll['tg']:.2f}", f"{o['tg'] / ll['tg']:.2f}x", f"{agree} of {a.tokens}"))
     table(("weights", "ours prompt tok/s", "llama.cpp prompt tok/s", "ratio", "ours greedy tok/s",
            "llama.cpp greedy tok/s", "ratio", "greedy tokens identical"), rows)
-    if "BF16" in a.qtype and "Q8_0" in a.qtype:
-        print(f"ours Q8_0 / ours BF16 greedy: {med[('Q8_0', 'ours')]['tg'] / med[('BF16', 'ours')]['tg']:.2f}x")
+    for q in a.qtype:
+        if q != "BF16" and "BF16" in a.qtype:
+            print(f"ours {q} / ours BF16 greedy: {med[(q, 'ours')]['tg'] / med[('BF16', 'ours')]['tg']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -70,7 +70,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=15, help="timings per forward size (median)")
-    ap.add_argument("--quantize", default=None, choices=["q8_0"], help="also time the model quantized at load")
+    ap.add_argument("--quantize", default=None, choices=["q8_0", "q4_0", "q4_1"],
+                    help="also time the model quantized at load")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers run")
     a = ap.parse_args()
     K.set_num_threads(a.threads)

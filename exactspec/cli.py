@@ -6,7 +6,7 @@ import json
 import re
 import sys
 
-from .errors import ExactSpecError
+from .errors import ExactSpecError, InvalidRequest
 
 
 def _draft_len(v: str) -> int | str:
@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="auto: a GGUF file's Q8_0, Q4_0, Q4_1 weights stay quantized, the rest float32")
-    g.add_argument("--quantize", default=None, choices=["q8_0", "q4_0", "q4_1"], help="quantize the linear weights at load")
+    g.add_argument("--quantize", default=None, choices=["q8_0", "q4_0", "q4_1"],
+                   help="quantize the linear weights at load")
     g.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), or 'lookup' for prompt lookup")
     g.add_argument("--draft-dtype", default=None, choices=["auto", "float32", "bfloat16"], help="default: --dtype")
     g.add_argument("--num-draft-tokens", type=_draft_len, default=4, help="k, or 'dynamic'")
@@ -45,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--name", default=None, help="model id clients use (default: the folder name)")
     v.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="auto: a GGUF file's Q8_0, Q4_0, Q4_1 weights stay quantized, the rest float32")
-    v.add_argument("--quantize", default=None, choices=["q8_0", "q4_0", "q4_1"], help="quantize the linear weights at load")
+    v.add_argument("--quantize", default=None, choices=["q8_0", "q4_0", "q4_1"],
+                   help="quantize the linear weights at load")
     v.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), or 'lookup'")
     v.add_argument("--num-draft-tokens", type=_draft_len, default=4)
     v.add_argument("--host", default="127.0.0.1")
@@ -68,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-connections", type=int, default=512, help="open connections before 503")
     v.add_argument("--keep-alive", type=float, default=5.0, help="seconds an idle keep-alive connection stays")
     v.add_argument("--read-timeout", type=float, default=15.0, help="seconds a request's headers and body may take")
+    v.add_argument("--ray", action="store_true", help="serve replicas on Ray Serve (pip install 'exactspec[ray]')")
+    v.add_argument("--replicas", type=int, default=1, help="--ray: replicas (each one engine)")
+    v.add_argument("--max-replicas", type=int, default=None, help="--ray: autoscale from --replicas up to this")
+    v.add_argument("--cpus-per-replica", type=int, default=1, help="--ray: Ray CPUs and kernel threads per replica")
+    v.add_argument("--ray-address", default=None, help="--ray: an existing cluster ('auto', ray://host:10001); "
+                   "default: start a local one")
     d = sub.add_parser("demo", help="SmolLM2-135M-Instruct (fetched once): plain vs speculative decoding, "
                                     "identity checked")
     d.add_argument("--max-new-tokens", type=int, default=None, help="default: 160 (SmolLM2), 128 (toy pair)")
@@ -107,7 +115,6 @@ def cmd_diff(a: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import diff
-    from .errors import InvalidRequest
     from .sources import load_tokenizer
     model = diff.load_hf(a.model, a.dtype)
     tok = load_tokenizer(a.model)
@@ -158,15 +165,29 @@ def cmd_serve(a: argparse.Namespace) -> int:
                         max_stop_chars=a.max_stop_chars, max_prompt_chars=a.max_prompt_chars,
                         allowed_hosts=tuple(a.allowed_hosts), max_connections=a.max_connections,
                         keep_alive=a.keep_alive, read_timeout=a.read_timeout)
+    ray_flags = a.replicas != 1 or a.max_replicas is not None or a.ray_address is not None
+    if ray_flags and not a.ray:
+        raise InvalidRequest("--replicas, --max-replicas and --ray-address go with --ray", "ray")
+    if a.ray:
+        for flag in ("replicas", "cpus_per_replica"):
+            if getattr(a, flag) < 1:
+                raise InvalidRequest(f"--{flag.replace('_', '-')} {getattr(a, flag)}: must be >= 1", flag)
+        try:
+            from . import ray as exact_ray
+        except ImportError as e:
+            raise ExactSpecError(f"--ray needs Ray Serve: pip install 'exactspec[ray]' ({e})") from None
     model = load(a.model, dtype=a.dtype, max_context=a.max_context, quantize=a.quantize)
-    drafter = None
-    if a.draft == "lookup":
-        drafter = LookupDrafter()
-    elif a.draft is not None:
+    draft = None
+    if a.draft is not None and a.draft != "lookup":
         draft = load(a.draft, dtype=a.dtype, max_context=model.net.max_context, quantize=a.quantize)
-        drafter = model.make_drafter(draft)
-    serve(model, a.name or Path(a.model).name.removesuffix(".gguf"), a.host, a.port, drafter, a.num_draft_tokens,
-          opts)
+    name = a.name or Path(a.model).name.removesuffix(".gguf")
+    if a.ray:
+        scaling = exact_ray.Scaling(a.replicas, a.max_replicas, a.cpus_per_replica)
+        exact_ray.run(model, name, a.host, a.port, draft if draft is not None else a.draft, a.num_draft_tokens, opts,
+                      scaling, a.ray_address)
+        return 0
+    drafter = LookupDrafter() if a.draft == "lookup" else model.make_drafter(draft) if draft is not None else None
+    serve(model, name, a.host, a.port, drafter, a.num_draft_tokens, opts)
     return 0
 
 

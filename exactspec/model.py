@@ -77,6 +77,12 @@ def inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+def _quant_table(w: K.PackedWeight) -> np.ndarray:
+    """A quantized packed weight's bytes as the embedding lookup reads them: (nblk, H/32, group bytes)
+    uint8, a view (F.embed_rows reads row t from lane t % NL of block t // NL)."""
+    return w.data.view(np.uint8).reshape(w.data.shape[:2] + (-1,))
+
+
 class Transformer:
     def __init__(self, cfg: ModelConfig, store: TensorStore, dtype: str, max_context: int, quant: str = "none"):
         """quant: "none" (every weight as `dtype`), "keep" (linear weights the store holds in a block
@@ -165,12 +171,32 @@ class Transformer:
         self.dtype = "+".join(kept + [dtype])  # e.g. "q4_1+q8_0+float32": the formats kept, then the rest
         self.cos, self.sin = K.rope_table(inv_freq(cfg), max_context)  # (C, D) each
         self.scale = 1.0 / math.sqrt(D)
-        if fmt["embed"]:  # (nblk, H/32, group bytes) uint8: F.embed_rows reads a row's lane
-            self._embed_np = np.ascontiguousarray(embed.data).view(np.uint8).reshape(embed.data.shape[:2] + (-1,))
+        if fmt["embed"]:
+            self._embed_np = _quant_table(embed)
         else:
             e = embed.contiguous()
             self._embed_np = e.view(torch.int16).numpy().view(np.uint16) if e.dtype == torch.bfloat16 else e.numpy()
         self._cos_np, self._sin_np = self.cos.numpy(), self.sin.numpy()
+        # Weights are read-only from here on (the kernels never write them). Also one numba type for
+        # every way a model is made: arrays from Ray's object store are read-only, and a read-only
+        # array is a different type to numba (another compile) than a writable one.
+        for arr in [*self.stack.arrays.values(), self.norm, self.lm_head.data, self.lm_head.bias, self._embed_np]:
+            arr.flags.writeable = False
+
+    def __getstate__(self) -> dict:
+        # For Ray's object store (exactspec.ray): the stacked arrays travel once, zero-copy; the
+        # per-layer views and a lookup table that is a view of the tied head are rebuilt from them.
+        s = dict(self.__dict__)
+        del s["layers"]
+        if np.may_share_memory(self._embed_np, self.lm_head.data):
+            s["_embed_np"] = None
+        return s
+
+    def __setstate__(self, s: dict) -> None:
+        self.__dict__.update(s)
+        self.layers = [self.stack.views(i) for i in range(self.cfg.n_layers)]
+        if self._embed_np is None:
+            self._embed_np = _quant_table(self.lm_head)
 
     @property
     def limits(self) -> Limits:

@@ -94,8 +94,8 @@ def record() -> dict:
             p = K.pack_quant(quant.quantize((_ints(rng4, (77, 64), 0.3) + 0.7).numpy(), fmt))
             x = _ints(rng4, (13, 64), 1.7) + _ints(rng4, (13, 64), 1e-3)
             out[f"linear_{fmt}"] = _sha(torch.cat([K.linear(x[:m], p) for m in range(1, 14)]))
-            model = exactspec.load(build(Path(tmp) / fmt, torch.float32, intermediate_size=160), quantize=fmt)
-            out[f"greedy_{fmt}"] = model.generate(prompt, 40, ignore_eos=True).token_ids
+        # (kernel records only: a whole model in each format would cost every target another forward
+        # compile, minutes; test_quantized checks Q4 models against their dequantized twins on this CPU)
     return out
 
 
