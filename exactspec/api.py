@@ -18,7 +18,7 @@ from .errors import CheckpointError, InvalidRequest, UnsupportedModelError
 from .gguf_file import GGUFFile
 from .loop import BatchStats, Stats, run_batch
 from .model import DTYPES, Rows, Transformer
-from .quant import FORMATS
+from .quant import FORMATS, QUANTIZERS
 from .request import Limits, Request, check_prompt, make_request
 from .sampling import TokenLogprob, token_logprobs
 from .memory import release_free_heap
@@ -196,7 +196,7 @@ def load(path: str | Path, dtype: str = "auto", max_context: int | None = None, 
     """Load a model: a HF checkpoint folder, a .gguf file, or a Hugging Face Hub id (`org/name`,
     resolved through the local hub cache; HF_HUB_OFFLINE=1 keeps it offline).
 
-    dtype: "auto" keeps a GGUF file's Q8_0, Q4_0 and Q4_1 weights quantized (dequantized in registers,
+    dtype: "auto" keeps a GGUF file's Q8_0, Q4_0, Q4_1 and Q4_K weights quantized (dequantized in registers,
     bitwise the logits of the dequantized model) and the rest as float32; "float32" or "bfloat16"
     dequantizes every weight to that (math in float32). quantize="q8_0", "q4_0" or "q4_1": every
     linear weight (and the embedding) quantized to it at load (llama.cpp's rounding, the gguf
@@ -209,8 +209,9 @@ def load(path: str | Path, dtype: str = "auto", max_context: int | None = None, 
                               "folder or a GGUF file)")
     if dtype != "auto" and dtype not in DTYPES:
         raise UnsupportedModelError(f"dtype={dtype!r} is not supported (auto, float32, bfloat16)")
-    if quantize is not None and quantize not in FORMATS:
-        raise UnsupportedModelError(f"quantize={quantize!r} is not supported (None, {', '.join(map(repr, FORMATS))})")
+    if quantize is not None and quantize not in QUANTIZERS:
+        raise UnsupportedModelError(f"quantize={quantize!r} is not supported (None, {', '.join(map(repr, QUANTIZERS))}; "
+                                    f"a GGUF file's {', '.join(f.upper() for f in FORMATS)} weights are kept as they are)")
     quant = quantize or ("keep" if dtype == "auto" and gguf else "none")
     dtype = "float32" if dtype == "auto" else dtype
     store = GGUFFile(folder) if gguf else None

@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="auto: a GGUF file's Q8_0, Q4_0, Q4_1 weights stay quantized, the rest float32")
+                   help="auto: a GGUF file's Q8_0, Q4_0, Q4_1, Q4_K weights stay quantized, the rest float32")
     g.add_argument("--quantize", default=None, choices=["q8_0", "q4_0", "q4_1"],
                    help="quantize the linear weights at load")
     g.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), or 'lookup' for prompt lookup")
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--model", required=True, help="model: HF checkpoint folder, .gguf file, or hub id (org/name)")
     v.add_argument("--name", default=None, help="model id clients use (default: the folder name)")
     v.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="auto: a GGUF file's Q8_0, Q4_0, Q4_1 weights stay quantized, the rest float32")
+                   help="auto: a GGUF file's Q8_0, Q4_0, Q4_1, Q4_K weights stay quantized, the rest float32")
     v.add_argument("--quantize", default=None, choices=["q8_0", "q4_0", "q4_1"],
                    help="quantize the linear weights at load")
     v.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), or 'lookup'")

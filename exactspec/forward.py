@@ -56,16 +56,22 @@ def _embed_impl(table, tokens, x):
         QK, NL = tile.QK, tile.NL
         GB8, GB41 = tile.FORMATS["q8_0"].group_bytes, tile.FORMATS["q4_1"].group_bytes
 
+        GBK = tile.FORMATS["q4_k"].group_bytes
+
         def quant_rows(table, tokens, x):
             four = table.shape[2] != GB8
             qb = QK * NL // 2 if four else QK * NL
-            has_min = table.shape[2] == GB41
+            has_min = table.shape[2] == GB41 or table.shape[2] == GBK
+            k_quant = table.shape[2] == GBK
             for r in range(tokens.shape[0]):
                 b, j = tokens[r] // NL, tokens[r] % NL
                 for g in range(table.shape[1]):
                     grp = table[b, g]
                     d = _f16(grp[qb + 2 * j], grp[qb + 2 * j + 1])
                     m = _f16(grp[qb + 2 * NL + 2 * j], grp[qb + 2 * NL + 2 * j + 1]) if has_min else np.float32(0)
+                    if k_quant:  # d * sc and -(dmin * mn): exact
+                        d = d * np.float32(grp[qb + 4 * NL + j])
+                        m = -(m * np.float32(grp[qb + 5 * NL + j]))
                     for kk in range(QK):  # quant.py's expressions
                         if four:
                             byte = np.int32(grp[kk * (NL // 2) + j % (NL // 2)])

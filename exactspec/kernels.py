@@ -64,7 +64,7 @@ class PackedWeight:
     `data` is float32, or uint16 holding bfloat16 bits (widened exactly in the kernel), or a
     quantized format kept quantized (`pack_quant`, dequantized in registers): per block and group of
     32 k's, the quants (k-major, lane-minor) then the lanes' float16 scales (and minimums); Q8_0 as
-    uint8 (ceil(N/NL), K/32, tile.GROUP_BYTES), Q4_0 / Q4_1 as records (ceil(N/NL), K/32) whose one
+    uint8 (ceil(N/NL), K/32, tile.GROUP_BYTES), the 4-bit formats as records (ceil(N/NL), K/32) whose one
     field names the format (tile.record_dtype). `bias` is float32 (N,) or an empty array.
     """
     data: np.ndarray
@@ -74,7 +74,7 @@ class PackedWeight:
 
     @property
     def fmt(self) -> str:
-        """"f32", "bf16", or the quantized format ("q8_0", "q4_0", "q4_1")."""
+        """"f32", "bf16", or the quantized format (quant.FORMATS)."""
         dt = self.data.dtype
         if dt.names:
             return dt.names[0]
@@ -134,7 +134,10 @@ def pack_quant(w: quant.Quantized, bias: torch.Tensor | None = None) -> PackedWe
     data[:, :, :qb] = q.reshape(nblk, G, qb)
     data[:, :, qb: qb + 2 * NL] = _lanes(w.d, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
     if F.has_min:
-        data[:, :, qb + 2 * NL:] = _lanes(w.m, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
+        data[:, :, qb + 2 * NL: qb + 4 * NL] = _lanes(w.m, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
+    if F.sub_scales:
+        data[:, :, qb + 4 * NL: qb + 5 * NL] = _lanes(w.sc, nblk)
+        data[:, :, qb + 5 * NL:] = _lanes(w.mn, nblk)
     if F.qbits == 4:
         data = data.view(tile.record_dtype(w.fmt))[:, :, 0]
     b = np.empty(0, np.float32) if bias is None else bias.float().contiguous().numpy().copy()
@@ -157,8 +160,10 @@ def _unpack_quant(data: np.ndarray, fmt: str) -> quant.Quantized:
     def rows(a):  # (nblk, G, X, NL) -> (nblk*NL, G*X)
         return np.ascontiguousarray(a.transpose(0, 3, 1, 2)).reshape(nblk * NL, -1)
     d = rows(raw[:, :, qb: qb + 2 * NL].copy().view(np.float16)[:, :, None, :])
-    m = rows(raw[:, :, qb + 2 * NL:].copy().view(np.float16)[:, :, None, :]) if F.has_min else None
-    return quant.Quantized(fmt, rows(q), d, m)
+    m = rows(raw[:, :, qb + 2 * NL: qb + 4 * NL].copy().view(np.float16)[:, :, None, :]) if F.has_min else None
+    sc = rows(raw[:, :, None, qb + 4 * NL: qb + 5 * NL]) if F.sub_scales else None
+    mn = rows(raw[:, :, None, qb + 5 * NL:]) if F.sub_scales else None
+    return quant.Quantized(fmt, rows(q), d, m, sc, mn)
 
 
 # _linear_block's epilogues: y = x @ w.T + bias; y += that (a residual); or, on interleaved gate/up

@@ -1,4 +1,5 @@
-"""GGUF block-quantized weights kept quantized: Q8_0, Q4_0 and Q4_1 (32 weights per block).
+"""GGUF block-quantized weights kept quantized: Q8_0, Q4_0, Q4_1 (32 weights per block) and Q4_K (256 weights
+per super-block, in 8 groups of 32 with their own 6-bit scale and minimum).
 
 A `Quantized` holds an (n, k) weight split into per-weight quants and per-block float16 scales (and
 Q4_1's minimums), rows in our order. `dequantize` is the one definition of each weight's value,
@@ -7,6 +8,8 @@ computes it the same way in registers (tile.py):
     Q8_0: f32(d) * f32(q), q int8            (exact: 11 + 8 significant bits fit in float32)
     Q4_0: f32(d) * f32(q - 8), q in 0..15    (exact)
     Q4_1: f32(d) * f32(q) + f32(m)           (d * q exact, so one rounding, fused or not)
+    Q4_K: (f32(d) * f32(sc)) * f32(q) - f32(dmin) * f32(mn)   (sc, mn 6-bit per group; every product
+                                             exact (11 + 6 + 4 bits), so one rounding, fused or not)
 """
 from __future__ import annotations
 
@@ -17,25 +20,29 @@ import numpy as np
 from .errors import UnsupportedModelError
 
 QK = 32  # weights per block (and per group of the packed kernel layout)
-FORMATS = ("q8_0", "q4_0", "q4_1")
-# bytes of one GGUF block: float16 d, (float16 m), then the quants
+FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k")
+# bytes of one GGUF block: float16 d, (float16 m), then the quants (Q4_K: see from_blocks)
 _BLOCK = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+QK_K = 256  # weights per Q4_K super-block
+QUANTIZERS = tuple(_BLOCK)  # formats the gguf package can quantize to (load(..., quantize=))
 
 
 @dataclass(frozen=True)
 class Quantized:
     fmt: str  # one of FORMATS
-    q: np.ndarray  # (n, k): int8 (q8_0) or uint8 0..15 (q4_0, q4_1)
-    d: np.ndarray  # (n, k/32) float16
-    m: np.ndarray | None = None  # (n, k/32) float16, q4_1 only
+    q: np.ndarray  # (n, k): int8 (q8_0) or uint8 0..15 (4-bit formats)
+    d: np.ndarray  # (n, k/32) float16 (q4_k: its super-block's d, for each of its groups)
+    m: np.ndarray | None = None  # (n, k/32) float16: q4_1's minimum; q4_k's super-block dmin
+    sc: np.ndarray | None = None  # (n, k/32) uint8 0..63, q4_k only: the group's scale
+    mn: np.ndarray | None = None  # (n, k/32) uint8 0..63, q4_k only: the group's minimum
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.q.shape
 
     def rows(self, f) -> "Quantized":
-        """The same tensor with f applied to the row axis of q, d and m (a permutation)."""
-        return Quantized(self.fmt, f(self.q), f(self.d), None if self.m is None else f(self.m))
+        """The same tensor with f applied to the row axis of every array (a permutation)."""
+        return Quantized(self.fmt, *(None if a is None else f(a) for a in (self.q, self.d, self.m, self.sc, self.mn)))
 
     def dequantize(self) -> np.ndarray:
         """(n, k) float32: each weight's value, as defined above."""
@@ -46,6 +53,10 @@ class Quantized:
             w = q.astype(np.float32) * d
         elif self.fmt == "q4_0":
             w = (q.astype(np.int8) - np.int8(8)).astype(np.float32) * d
+        elif self.fmt == "q4_k":
+            s = d * self.sc.astype(np.float32)[:, :, None]
+            c = self.m.astype(np.float32)[:, :, None] * self.mn.astype(np.float32)[:, :, None]
+            w = s * q.astype(np.float32) - c
         else:
             w = q.astype(np.float32) * d + self.m.astype(np.float32)[:, :, None]
         return w.reshape(n, k)
@@ -55,12 +66,14 @@ def concat(parts: list[Quantized]) -> Quantized:
     """Row-wise concatenation of tensors of one format."""
     fmt = parts[0].fmt
     assert all(p.fmt == fmt for p in parts)
-    return Quantized(fmt, np.concatenate([p.q for p in parts]), np.concatenate([p.d for p in parts]),
-                     None if fmt != "q4_1" else np.concatenate([p.m for p in parts]))
+    return Quantized(fmt, *(None if getattr(parts[0], f) is None else np.concatenate([getattr(p, f) for p in parts])
+                            for f in ("q", "d", "m", "sc", "mn")))
 
 
 def from_blocks(raw: np.ndarray, fmt: str, n: int, k: int) -> Quantized:
     """GGUF blocks (uint8, as stored) of an (n, k) tensor -> Quantized."""
+    if fmt == "q4_k":
+        return _from_q4_k(raw, n, k)
     blocks = np.asarray(raw).view(np.uint8).reshape(n, k // QK, _BLOCK[fmt])
     d = blocks[:, :, :2].copy().view(np.float16).reshape(n, k // QK)
     if fmt == "q8_0":
@@ -71,10 +84,31 @@ def from_blocks(raw: np.ndarray, fmt: str, n: int, k: int) -> Quantized:
     return Quantized(fmt, q, d, m)
 
 
+def _from_q4_k(raw: np.ndarray, n: int, k: int) -> Quantized:
+    """Q4_K super-blocks of 144 bytes: float16 d, float16 dmin, 12 bytes of packed 6-bit scales and
+    minimums (unpacked by the gguf package's own `Q4_K.get_scale_min`), 128 bytes of quants: chunk j of
+    32 bytes holds group 2j in its low nibbles and group 2j + 1 in its high ones."""
+    from gguf.quants import Q4_K
+    nb = k // QK_K
+    blocks = np.asarray(raw).view(np.uint8).reshape(n * nb, 144)
+    sc, mn = Q4_K.get_scale_min(blocks[:, 4:16])  # (n*nb, 8) each
+
+    def per_group(a):  # a super-block's value for each of its 8 groups
+        return np.repeat(a.reshape(n, nb), 8, axis=1)
+    d = per_group(blocks[:, 0:2].copy().view(np.float16))
+    dmin = per_group(blocks[:, 2:4].copy().view(np.float16))
+    qs = blocks[:, 16:].reshape(n * nb, 4, 1, 32)
+    q = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(n, k)
+    return Quantized("q4_k", q, d, dmin, sc.reshape(n, k // QK).astype(np.uint8), mn.reshape(n, k // QK).astype(np.uint8))
+
+
 def quantize(w: np.ndarray, fmt: str, name: str = "weight") -> Quantized:
     """Quantize an (n, k) float array with the gguf package (llama.cpp's rounding)."""
     import gguf
     n, k = w.shape
+    if fmt not in _BLOCK:
+        raise UnsupportedModelError(f"quantize={fmt!r}: the gguf package has no quantizer for it (kept when a GGUF "
+                                    "file has it)")
     if k % QK:
         raise UnsupportedModelError(f"quantize={fmt!r}: {name} has rows of {k} values, not whole blocks of {QK}")
     t = getattr(gguf.GGMLQuantizationType, fmt.upper())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
 
@@ -75,6 +76,17 @@ def random_model(arch: str = "llama", seed: int = 0, dtype: torch.dtype = torch.
             head[1::2, 1:] = head[0::2, 1:]
             model.model.norm.weight[0] = 1e-6
     return model.to(dtype)
+
+
+def q4_k_blocks(n: int, k: int, seed: int) -> np.ndarray:
+    """Random but valid GGUF Q4_K super-blocks of an (n, k) tensor (k % 256 == 0), uint8 (n, k/256*144):
+    the gguf package has no Q4_K quantizer. d and dmin in [1e-4, 1e-3] keep the weights small."""
+    rng = np.random.default_rng(seed)
+    nb = n * k // 256
+    blocks = rng.integers(0, 256, (nb, 144), dtype=np.uint8)
+    for off in (0, 2):  # d, dmin
+        blocks[:, off:off + 2] = rng.uniform(1e-4, 1e-3, nb).astype(np.float16).view(np.uint8).reshape(nb, 2)
+    return blocks.reshape(n, k // 256 * 144)
 
 
 def make_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, dtype: torch.dtype = torch.float32,

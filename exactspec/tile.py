@@ -65,13 +65,15 @@ MR_MAX = 10 if _wide_target() else 3
 class Format:
     """A quantized layout: per block and group of QK k's, `qbits`-bit quants (k-major, lane-minor;
     4-bit: byte j of a k-row holds lane j in its low nibble and lane j + 16 in its high one), then
-    NL float16 scales d, then (has_min) NL float16 minimums m. Dequantized weight:
-    q8_0: f32(d) * f32(q) (q int8); q4_0: f32(d) * f32(q - 8); q4_1: fma(f32(q), f32(d), f32(m)) --
-    the products are exact in float32 (11 + 8 significant bits at most), so each is the gguf package's
-    value, and Q4_1's `d * q + m` rounds once whether fused or not."""
+    NL float16 scales d, then (has_min) NL float16 minimums m, then (sub_scales, Q4_K) NL uint8 group
+    scales sc and NL uint8 group minimums mn. Dequantized weight: q8_0: f32(d) * f32(q) (q int8);
+    q4_0: f32(d) * f32(q - 8); q4_1: fma(f32(q), f32(d), f32(m)); q4_k: fma(f32(q), f32(d) * f32(sc),
+    -(f32(m) * f32(mn))) -- every product is exact in float32 (at most 11 + 8 significant bits), so
+    each is the gguf package's value (quant.py), and a sum rounds once whether fused or not."""
     name: str
     qbits: int
     has_min: bool
+    sub_scales: bool = False
 
     @property
     def row_bytes(self) -> int:  # one k-row of a block's quants
@@ -79,10 +81,11 @@ class Format:
 
     @property
     def group_bytes(self) -> int:
-        return QK * self.row_bytes + 2 * NL * (2 if self.has_min else 1)
+        return QK * self.row_bytes + 2 * NL * (2 if self.has_min else 1) + (2 * NL if self.sub_scales else 0)
 
 
-FORMATS = {f.name: f for f in (Format("q8_0", 8, False), Format("q4_0", 4, False), Format("q4_1", 4, True))}
+FORMATS = {f.name: f for f in (Format("q8_0", 8, False), Format("q4_0", 4, False), Format("q4_1", 4, True),
+                               Format("q4_k", 4, True, True))}
 GROUP_BYTES = FORMATS["q8_0"].group_bytes  # Q8_0 weights are uint8 (nblk, K/QK, GROUP_BYTES)
 
 
@@ -225,22 +228,33 @@ class _Tile:
         scales = halves(qb)
         mins = halves(qb + 2 * NL) if F.has_min else None
         v8 = ir.VectorType(self.i8, V)
+        if F.sub_scales:  # q4_k: d * sc and -(dmin * mn), exact
+            def bytes_(off):
+                return [b.uitofp(self.vec(b.gep(gb, [self.c64(off + V * v)]), self.i8, 1), self.vf) for v in range(NL // V)]
+            scales = [b.fmul(d, s) for d, s in zip(scales, bytes_(qb + 4 * NL))]
+            mins = [b.fneg(b.fmul(d, m)) for d, m in zip(mins, bytes_(qb + 5 * NL))]
 
-        def k_body(kk, acc):
-            row = b.gep(gb, [b.mul(kk, self.c64(F.row_bytes))])
-            self.prefetch(row)
+        def weights(row) -> list:
+            """The NL dequantized weights of one k-row (bytes at `row`), as NL/V vectors."""
             if F.qbits == 8:
                 qs = [b.sitofp(self.vec(b.gep(row, [self.c64(V * v)]), self.i8, 1), self.vf) for v in range(NL // V)]
-                ws = [b.fmul(q, s) for q, s in zip(qs, scales)]
-            else:
-                packed = self.vec(row, self.i8, 1)
-                nib = [b.and_(packed, ir.Constant(v8, [15] * V)), b.lshr(packed, ir.Constant(v8, [4] * V))]
-                if F.has_min:  # q4_1: d * q + m, one rounding (d * q is exact)
-                    ws = [b.call(self.fma, [b.uitofp(q, self.vf), s, m]) for q, s, m in zip(nib, scales, mins)]
-                else:  # q4_0: d * (q - 8), exact
-                    ws = [b.fmul(b.sitofp(b.sub(q, ir.Constant(v8, [8] * V)), self.vf), s) for q, s in zip(nib, scales)]
-            return self.step(b.add(b.mul(g, self.c64(QK)), kk), ws, acc)
-        return self.loop(QK, acc, k_body)
+                return [b.fmul(q, s) for q, s in zip(qs, scales)]
+            packed = self.vec(row, self.i8, 1)
+            nib = [b.and_(packed, ir.Constant(v8, [15] * V)), b.lshr(packed, ir.Constant(v8, [4] * V))]
+            if F.has_min:  # q4_1: d * q + m, q4_k: (d * sc) * q - dmin * mn; one rounding (the product is exact)
+                return [b.call(self.fma, [b.uitofp(q, self.vf), s, m]) for q, s, m in zip(nib, scales, mins)]
+            return [b.fmul(b.sitofp(b.sub(q, ir.Constant(v8, [8] * V)), self.vf), s) for q, s in zip(nib, scales)]
+
+        per_line = 64 // F.row_bytes  # k-rows per cache line: one prefetch for each line
+
+        def line_body(i, acc):
+            row0 = b.gep(gb, [b.mul(i, self.c64(64))])
+            self.prefetch(row0)
+            k0 = b.add(b.mul(g, self.c64(QK)), b.mul(i, self.c64(per_line)))
+            for u in range(per_line):  # k ascending, as ever
+                acc = self.step(b.add(k0, self.c64(u)), weights(b.gep(row0, [self.c64(u * F.row_bytes)])), acc)
+            return acc
+        return self.loop(QK // per_line, acc, line_body)
 
     def build(self) -> None:
         zero = [ir.Constant(self.vf, None)] * (self.mr * (NL // V))

@@ -94,6 +94,11 @@ def record() -> dict:
             p = K.pack_quant(quant.quantize((_ints(rng4, (77, 64), 0.3) + 0.7).numpy(), fmt))
             x = _ints(rng4, (13, 64), 1.7) + _ints(rng4, (13, 64), 1e-3)
             out[f"linear_{fmt}"] = _sha(torch.cat([K.linear(x[:m], p) for m in range(1, 14)]))
+        from exactspec.testing import q4_k_blocks
+        rng4 = np.random.default_rng(4)
+        p = K.pack_quant(quant.from_blocks(q4_k_blocks(77, 256, seed=4), "q4_k", 77, 256))
+        x = _ints(rng4, (13, 256), 1.7) + _ints(rng4, (13, 256), 1e-3)
+        out["linear_q4_k"] = _sha(torch.cat([K.linear(x[:m], p) for m in range(1, 14)]))
         # (kernel records only: a whole model in each format would cost every target another forward
         # compile, minutes; test_quantized checks Q4 models against their dequantized twins on this CPU)
     return out

@@ -2,6 +2,8 @@
 exactspec.load and computes what the same weights compute from a HF folder / transformers."""
 from __future__ import annotations
 
+import zlib
+
 import gguf
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ import torch
 
 import exactspec
 from exactspec.errors import CheckpointError, UnsupportedModelError, WeightError
-from exactspec.testing import random_model
+from exactspec.testing import q4_k_blocks, random_model
 
 
 def _permute(w: torch.Tensor, heads: int) -> torch.Tensor:  # as llama.cpp's converter stores llama q/k rows
@@ -61,6 +63,8 @@ def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", s
         elif qtype == gguf.GGMLQuantizationType.BF16:
             bits = t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
             w.add_tensor(name, bits, raw_dtype=qtype)
+        elif qtype == gguf.GGMLQuantizationType.Q4_K:  # no quantizer in the gguf package: random valid blocks
+            w.add_tensor(name, q4_k_blocks(*a.shape, seed=zlib.crc32(name.encode())), raw_dtype=qtype)
         else:
             w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
 

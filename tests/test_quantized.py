@@ -11,40 +11,46 @@ import torch
 import exactspec
 from exactspec import kernels as K
 from exactspec import quant, tile
-from exactspec.testing import random_model
+from exactspec.testing import q4_k_blocks, random_model
 from test_gguf import _ids, write_gguf
 
 FORMATS = quant.FORMATS
 TYPE = {f: getattr(gguf.GGMLQuantizationType, f.upper()) for f in FORMATS}
 
 
-def _packed(w: np.ndarray, fmt: str, bias=None) -> K.PackedWeight:
-    return K.pack_quant(quant.quantize(w, fmt), bias)
+def _blocks(w: np.ndarray, fmt: str) -> np.ndarray:
+    """w in fmt's GGUF blocks: the gguf package's quantizer; Q4_K (none there): random valid blocks."""
+    if fmt == "q4_k":
+        return q4_k_blocks(*w.shape, seed=w.shape[0])
+    return gguf.quants.quantize(w, TYPE[fmt])
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_gguf_blocks_split_and_pack_without_loss(fmt):
     rng = np.random.default_rng(1)
-    w = rng.standard_normal((70, 96)).astype(np.float32) * np.logspace(-2, 2, 96, dtype=np.float32)
-    raw = gguf.quants.quantize(w, TYPE[fmt])
-    ref = gguf.quants.dequantize(raw, TYPE[fmt]).reshape(70, 96)
-    q = quant.from_blocks(raw, fmt, 70, 96)
+    k = 512 if fmt == "q4_k" else 96
+    w = rng.standard_normal((70, k)).astype(np.float32) * np.logspace(-2, 2, k, dtype=np.float32)
+    raw = _blocks(w, fmt)
+    ref = gguf.quants.dequantize(raw, TYPE[fmt]).reshape(70, k)
+    q = quant.from_blocks(raw, fmt, 70, k)
     assert np.array_equal(q.dequantize().view(np.uint32), ref.view(np.uint32))  # each value defined once
     p = K.pack_quant(q)
     assert p.fmt == fmt and p.quantized
     assert np.array_equal(p.unpack().numpy().view(np.uint32), ref.view(np.uint32))
-    assert p.data.nbytes == 3 * 3 * tile.FORMATS[fmt].group_bytes  # 3 blocks of 32 rows x 3 groups, no more
+    assert p.data.nbytes == 3 * (k // 32) * tile.FORMATS[fmt].group_bytes  # 3 blocks of 32 rows, no more
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n,k,bias", [(77, 64, False), (100, 96, True), (32, 32, False)])
 def test_quantized_linear_is_the_float_kernel_on_dequantized_weights(fmt, n, k, bias):
     rng = np.random.default_rng(n)
+    k = k * 8 if fmt == "q4_k" else k  # whole super-blocks of 256
     w = rng.standard_normal((n, k)).astype(np.float32)
     w[: n // 3] += 3.0  # Q4_1 blocks with a large minimum: d * q + m rounds
     b = torch.randn(n) if bias else None
-    pq = _packed(w, fmt, b)
-    deq = gguf.quants.dequantize(gguf.quants.quantize(w, TYPE[fmt]), TYPE[fmt]).reshape(n, k)
+    raw = _blocks(w, fmt)
+    pq = K.pack_quant(quant.from_blocks(raw, fmt, n, k), b)
+    deq = gguf.quants.dequantize(raw, TYPE[fmt]).reshape(n, k)
     assert np.array_equal(pq.unpack().numpy(), deq)
     pf = K.pack_weight(torch.from_numpy(deq), b)
     M = 3 * K.MR_MAX + 2
@@ -72,9 +78,10 @@ def test_every_float16_scale_widens_exactly():
     assert np.array_equal(got.view(np.uint32), hs.astype(np.float32).view(np.uint32))
 
 
-@pytest.mark.parametrize("arch,fmt", [("llama", "q8_0"), ("qwen2", "q8_0"), ("llama", "q4_0"), ("qwen2", "q4_1")])
+@pytest.mark.parametrize("arch,fmt", [("llama", "q8_0"), ("qwen2", "q8_0"), ("llama", "q4_0"), ("qwen2", "q4_1"),
+                                      ("qwen2", "q4_k")])
 def test_quantized_gguf_kept_quantized_equals_it_dequantized(arch, fmt, tmp_path):
-    hf = random_model(arch, hidden=64)
+    hf = random_model(arch, hidden=256 if fmt == "q4_k" else 64)  # Q4_K: rows of whole super-blocks
     path = write_gguf(hf, tmp_path / "m.gguf", TYPE[fmt], arch=arch)
     kept, deq = exactspec.load(path), exactspec.load(path, dtype="float32")
     L = kept.net.layers[0]
@@ -88,10 +95,11 @@ def test_quantized_gguf_kept_quantized_equals_it_dequantized(arch, fmt, tmp_path
         assert np.shares_memory(kept.net._embed_np, kept.net.lm_head.data)
     ids = _ids()
     assert torch.equal(kept.logits(ids), deq.logits(ids))
-    with torch.no_grad():
-        ref = hf(torch.tensor([ids])).logits[0]
-    err = 0.1 if fmt == "q8_0" else 0.5
-    assert (kept.logits(ids) - ref).abs().max() < err * ref.abs().max()  # quantization error, not a layout bug
+    if fmt != "q4_k":  # (Q4_K blocks are random, not the model's weights quantized)
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0]
+        err = 0.1 if fmt == "q8_0" else 0.5
+        assert (kept.logits(ids) - ref).abs().max() < err * ref.abs().max()  # quantization error, not a layout bug
     g = kept.generate(ids, 40, ignore_eos=True)
     assert g.token_ids == deq.generate(ids, 40, ignore_eos=True).token_ids
     assert kept.generate(ids, 40, ignore_eos=True, draft="lookup", num_draft_tokens=3).token_ids == g.token_ids
@@ -104,7 +112,7 @@ def test_quantized_gguf_kept_quantized_equals_it_dequantized(arch, fmt, tmp_path
         K.set_num_threads(2)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "q4_k"])  # no Q4_K quantizer in the gguf package
 def test_hf_folder_quantized_at_load_equals_the_gguf(ckpt, fmt, tmp_path):
     path = write_gguf(random_model("llama"), tmp_path / "m.gguf", TYPE[fmt])  # the folder's weights, by gguf
     a, b = exactspec.load(ckpt("llama"), quantize=fmt), exactspec.load(path)
@@ -146,10 +154,15 @@ def test_quantized_weights_take_the_bytes_of_their_gguf_blocks(ckpt, fmt, bytes_
     weights = st.work  # multiply-adds per row = weights of every layer's linears
     assert qbytes == weights * tile.FORMATS[fmt].group_bytes // (tile.QK * tile.NL)  # N is a multiple of 32 here
     assert tile.FORMATS[fmt].group_bytes * 32 == bytes_per_32 * tile.QK * tile.NL
+    # Q4_K (kept from files only): 22 bytes per 32 weights where the file has 18 -- each group carries its
+    # super-block's d and dmin (4 bytes) beside its own 6-bit scale and minimum (a byte each)
+    assert tile.FORMATS["q4_k"].group_bytes * 32 == 22 * tile.QK * tile.NL
 
 
 def test_bad_quantize_and_dtype_are_named(ckpt):
-    with pytest.raises(exactspec.UnsupportedModelError, match="quantize='q4_k'"):
+    with pytest.raises(exactspec.UnsupportedModelError, match="quantize='q5_k'"):
+        exactspec.load(ckpt("llama"), quantize="q5_k")
+    with pytest.raises(exactspec.UnsupportedModelError, match="quantize='q4_k' is not supported.*Q4_K weights are kept"):
         exactspec.load(ckpt("llama"), quantize="q4_k")
     with pytest.raises(exactspec.UnsupportedModelError, match="rows of 48 values, not whole blocks of 32"):
         exactspec.load(ckpt("llama", hidden=48), quantize="q8_0")
