@@ -37,7 +37,8 @@ def add_tokenizer(w: gguf.GGUFWriter, folder) -> None:
 
 
 def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", skip=(), tokenizer_folder=None,
-               embed_type=None):
+               embed_type=None, types=None):
+    """types: {GGUF tensor name without its "blk.N." prefix: type} overriding qtype (mixed files)."""
     c = model.config
     sd = {k: v.float() for k, v in model.state_dict().items()}
     w = gguf.GGUFWriter(str(path), arch)
@@ -57,6 +58,7 @@ def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", s
     def put(name, t, qtype=qtype):
         if name in skip:
             return
+        qtype = (types or {}).get(name.split(".", 2)[-1] if name.startswith("blk.") else name, qtype)
         a = t.numpy()
         if a.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
             w.add_tensor(name, np.ascontiguousarray(a, np.float32))
