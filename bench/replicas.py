@@ -15,6 +15,7 @@ import concurrent.futures as cf
 import statistics
 import time
 
+import httpx
 import openai
 import ray
 from ray import serve
@@ -44,10 +45,20 @@ def ask(client: openai.OpenAI, i: int, max_tokens: int) -> tuple[str, int, float
     return r.choices[0].text, r.usage.completion_tokens, time.perf_counter() - t
 
 
-def measure(url: str, clients: int, requests: int, max_tokens: int) -> dict:
+def warm(url: str, replicas: int) -> None:
+    """Small requests until every replica has answered one (its kernels compiled and warm)."""
+    seen: set[str] = set()
+    with cf.ThreadPoolExecutor(replicas) as pool:
+        while len(seen) < replicas:
+            rs = pool.map(lambda _: httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "hi",
+                                                                            "max_tokens": 4}, timeout=600),
+                          range(replicas))
+            seen |= {r.headers["x-exactspec-replica"] for r in rs}
+
+
+def measure(url: str, replicas: int, clients: int, requests: int, max_tokens: int) -> dict:
+    warm(url, replicas)
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=2, timeout=600)
-    ask(client, 0, 4)  # every replica's kernels compiled and warm before the clock starts
-    ask(client, 1, 4)
     n = clients * requests
     t = time.perf_counter()
     with cf.ThreadPoolExecutor(clients) as pool:
@@ -77,7 +88,7 @@ def main() -> None:
         for label, scaling in (("1 replica x 2 threads", exact_ray.Scaling(1, cpus_per_replica=2)),
                                ("2 replicas x 1 thread", exact_ray.Scaling(2, cpus_per_replica=1))):
             serve.run(exact_ray.application(model, "m", None, 4, opts, scaling), name="exactspec", route_prefix="/")
-            results[label] = measure(f"http://127.0.0.1:{port}", a.clients, a.requests, a.max_tokens)
+            results[label] = measure(f"http://127.0.0.1:{port}", scaling.replicas, a.clients, a.requests, a.max_tokens)
             serve.delete("exactspec")
     finally:
         serve.shutdown()

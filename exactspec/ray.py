@@ -42,7 +42,12 @@ class Scaling:
     cpus_per_replica: float = 1.0  # Ray CPUs reserved per replica; also its kernel threads
 
     def deployment_options(self, opts: ServeOptions) -> dict:
-        o = dict(ray_actor_options={"num_cpus": self.cpus_per_replica}, health_check_period_s=2,
+        # The replica's thread pools sized before numba and torch start: a pool wider than the replica's
+        # CPUs would spin on the cores of the replica beside it.
+        threads = str(max(1, int(self.cpus_per_replica)))
+        env = {"NUMBA_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
+        o = dict(ray_actor_options={"num_cpus": self.cpus_per_replica, "runtime_env": {"env_vars": env}},
+                 health_check_period_s=2,
                  health_check_timeout_s=30, graceful_shutdown_timeout_s=5,
                  max_ongoing_requests=opts.max_batch + opts.max_queue)
         if self.max_replicas and self.max_replicas > self.replicas:
