@@ -22,6 +22,7 @@ Under Serve, Ray's proxy owns the connections: ServeOptions' connection limits a
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
 
 import ray
@@ -41,11 +42,14 @@ class Scaling:
     max_replicas: int | None = None
     cpus_per_replica: float = 1.0  # Ray CPUs reserved per replica; also its kernel threads
 
+    @property
+    def threads(self) -> int:
+        return max(1, int(self.cpus_per_replica))
+
     def deployment_options(self, opts: ServeOptions) -> dict:
         # The replica's thread pools sized before numba and torch start: a pool wider than the replica's
         # CPUs would spin on the cores of the replica beside it.
-        threads = str(max(1, int(self.cpus_per_replica)))
-        env = {"NUMBA_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
+        env = {"NUMBA_NUM_THREADS": str(self.threads), "OMP_NUM_THREADS": str(self.threads)}
         o = dict(ray_actor_options={"num_cpus": self.cpus_per_replica, "runtime_env": {"env_vars": env}},
                  health_check_period_s=2,
                  health_check_timeout_s=30, graceful_shutdown_timeout_s=5,
@@ -108,9 +112,8 @@ def application(model: Model, name: str, draft: Model | str | None = None, num_d
     if isinstance(draft, Model):
         shared["draft"] = ray.put(draft)
         draft = None
-    threads = max(1, int(scaling.cpus_per_replica))
     dep = serve.deployment(Replica, name="exactspec", **scaling.deployment_options(opts))
-    return dep.bind(shared, name, draft, num_draft_tokens, opts, threads)
+    return dep.bind(shared, name, draft, num_draft_tokens, opts, scaling.threads)
 
 
 def run(model: Model, name: str, host: str, port: int, draft: Model | str | None, num_draft_tokens: int | str,
@@ -122,7 +125,6 @@ def run(model: Model, name: str, host: str, port: int, draft: Model | str | None
     print(f"exactspec: serving {name} ({model.folder}) with Ray Serve on http://{host}:{port}/v1", file=sys.stderr,
           flush=True)
     try:
-        import time
         while True:
             time.sleep(3600)
     finally:
