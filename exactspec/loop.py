@@ -102,6 +102,8 @@ class SeqState:
     joined_at: float = field(default_factory=time.perf_counter)
     stats: Stats = field(default_factory=Stats)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if the request asks
+    skip: int = 0  # steps to go without drafting (DraftLength.pause)
+    backoff: int = 1  # the next pause's length
 
     @property
     def generated(self) -> list[int]:
@@ -188,8 +190,10 @@ class Batch:
     def _propose(self, old: list[SeqState]) -> list[list[int]]:
         """Draft tokens for each running sequence. Never past the token budget or the cache: the
         verify yields up to k + 1 tokens."""
-        ks = [max(0, min(s.k, s.req.max_new_tokens - len(s.generated) - 1, self.capacity - len(s.tokens) - 1))
-              for s in old]
+        ks = [0 if s.skip else max(0, min(s.k, s.req.max_new_tokens - len(s.generated) - 1,
+                                          self.capacity - len(s.tokens) - 1)) for s in old]
+        for s in old:
+            s.skip = max(0, s.skip - 1)
         if self.drafter is None or not any(ks):
             return [[] for _ in old]
         before = self.drafter.forward_passes
@@ -238,6 +242,8 @@ class Batch:
                 a += 1
             s.stats.count_step(len(d), a)
             s.k = s.req.draft_len.update(s.k, len(d), a)
+            if d:
+                s.skip, s.backoff = s.req.draft_len.pause(len(d), a, s.backoff)
             out.append((s, self._commit(s, d[:a] + [choice[a]], rows)))
         return out
 

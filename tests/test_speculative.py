@@ -7,6 +7,7 @@ from scipy.stats import chisquare
 
 import exactspec
 from exactspec.drafters import LookupDrafter
+from exactspec.request import DraftLength
 from exactspec.sampling import SamplingParams, filtered_logits, pick
 
 N_NEW = 256
@@ -46,6 +47,22 @@ def test_greedy_matrix(pair, arch, dtype):
     r = target.generate(PROMPTS[1], N_NEW, ignore_eos=True, draft=draft, num_draft_tokens="dynamic",
                         draft_confidence=0.01)
     assert r.token_ids == plain[1]
+
+
+def test_dynamic_draft_length_pauses_a_drafter_that_keeps_failing(pair):
+    target, draft = pair("llama", "float32")
+    p = PROMPTS[2]
+    plain = target.generate(p, N_NEW, ignore_eos=True).token_ids
+    fixed = target.generate(p, N_NEW, ignore_eos=True, draft=draft, num_draft_tokens=1)
+    assert fixed.stats.proposed >= fixed.stats.steps - 1
+    assert fixed.stats.accepted * 10 <= fixed.stats.proposed  # this unrelated draft is nearly always wrong
+    dyn = target.generate(p, N_NEW, ignore_eos=True, draft=draft, num_draft_tokens="dynamic")
+    assert dyn.token_ids == fixed.token_ids == plain
+    assert dyn.stats.proposed * 4 < fixed.stats.proposed  # drafting paused, not retried every step
+    d = DraftLength("dynamic")
+    assert [d.pause(1, 0, 1), d.pause(1, 0, 16), d.pause(1, 0, 32), d.pause(3, 0, 4), d.pause(2, 1, 8)] == \
+        [(1, 2), (16, 32), (32, 32), (0, 4), (0, 1)]
+    assert DraftLength(3).pause(1, 0, 4) == (0, 4)  # a fixed k never pauses
 
 
 SAMPLING = [dict(temperature=0.8), dict(temperature=1.3, top_k=20), dict(temperature=0.7, top_p=0.9),
