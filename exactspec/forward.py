@@ -52,26 +52,27 @@ def _f16(lo, hi):
 
 @overload(_embed)
 def _embed_impl(table, tokens, x):
-    if table.dtype == types.uint8:  # a quantized format, told by its group size
+    if table.dtype == types.uint8:  # a quantized format, told by its group size (tile.FORMATS' layouts)
         QK, NL = tile.QK, tile.NL
-        GB8, GB41 = tile.FORMATS["q8_0"].group_bytes, tile.FORMATS["q4_1"].group_bytes
-
-        GBK = tile.FORMATS["q4_k"].group_bytes
+        F8, F4, F41, FK = (tile.FORMATS[f] for f in ("q8_0", "q4_0", "q4_1", "q4_k"))
+        GB8, GB41, GBK = F8.group_bytes, F41.group_bytes, FK.group_bytes
+        assert len({GB8, F4.group_bytes, GB41, GBK}) == 4
+        D8, D4, M, SC, MN = F8.d_at, F4.d_at, FK.m_at, FK.sc_at, FK.mn_at  # the 4-bit formats share these
 
         def quant_rows(table, tokens, x):
             four = table.shape[2] != GB8
-            qb = QK * NL // 2 if four else QK * NL
             has_min = table.shape[2] == GB41 or table.shape[2] == GBK
             k_quant = table.shape[2] == GBK
+            d_at = D4 if four else D8
             for r in range(tokens.shape[0]):
                 b, j = tokens[r] // NL, tokens[r] % NL
                 for g in range(table.shape[1]):
                     grp = table[b, g]
-                    d = _f16(grp[qb + 2 * j], grp[qb + 2 * j + 1])
-                    m = _f16(grp[qb + 2 * NL + 2 * j], grp[qb + 2 * NL + 2 * j + 1]) if has_min else np.float32(0)
+                    d = _f16(grp[d_at + 2 * j], grp[d_at + 2 * j + 1])
+                    m = _f16(grp[M + 2 * j], grp[M + 2 * j + 1]) if has_min else np.float32(0)
                     if k_quant:  # d * sc and -(dmin * mn): exact
-                        d = d * np.float32(grp[qb + 4 * NL + j])
-                        m = -(m * np.float32(grp[qb + 5 * NL + j]))
+                        d = d * np.float32(grp[SC + j])
+                        m = -(m * np.float32(grp[MN + j]))
                     for kk in range(QK):  # quant.py's expressions
                         if four:
                             byte = np.int32(grp[kk * (NL // 2) + j % (NL // 2)])

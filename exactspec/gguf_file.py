@@ -3,7 +3,7 @@ metadata, tensors served by their Hugging Face names (the `TensorStore` interfac
 `gguf.quants.dequantize` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, ...), with llama.cpp's
 q/k row permutation undone for the llama architecture (its converter interleaves the rotary
 halves; our rope, like transformers', rotates halves). Tensors in the block formats the kernel keeps
-quantized (Q8_0, Q4_0, Q4_1) are also served as they are stored (`get_quant`, see quant.py).
+quantized (Q8_0, Q4_0, Q4_1, Q4_K) are also served as they are stored (`get_quant`, see quant.py).
 
 The tokenizer comes from the `tokenizer.ggml.*` metadata (`gguf_tokenizer.py`), the chat
 template from `tokenizer.chat_template`.
@@ -128,8 +128,8 @@ class GGUFFile:
         """A tensor in a block format the kernel keeps (quant.FORMATS) as it is stored, rows in our
         order (llama q/k unpermuted); None if the tensor is of another type."""
         g, t = self._tensor(name, shape)
-        fmt = t.tensor_type.name.lower()
-        if fmt not in Q.FORMATS:
+        fmt = _kept_format(t)
+        if fmt is None:
             return None
         w = Q.from_blocks(np.asarray(t.data), fmt, *shape)
         if self.arch == "llama" and g.endswith(("attn_q.weight", "attn_k.weight")):
@@ -140,12 +140,8 @@ class GGUFFile:
     def quant_formats(self) -> dict[str, str]:
         """{HF name: format} of the tensors stored in a format of quant.FORMATS."""
         names = list(_TOP) + [f"model.layers.{i}.{k}" for i in range(self.cfg.n_layers) for k in _LAYER]
-        out = {}
-        for n in names:
-            t = self.tensors.get(gguf_name(n))
-            if t is not None and t.tensor_type.name.lower() in Q.FORMATS:
-                out[n] = t.tensor_type.name.lower()
-        return out
+        fmts = {n: _kept_format(self.tensors[g]) for n in names if (g := gguf_name(n)) in self.tensors}
+        return {n: f for n, f in fmts.items() if f is not None}
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         import gguf
@@ -159,6 +155,12 @@ class GGUFFile:
         if self.arch == "llama" and g.endswith(("attn_q.weight", "attn_k.weight")):
             w = _unpermute(w, self.cfg.n_heads if g.endswith("attn_q.weight") else self.cfg.n_kv_heads)
         return w.to(dtype)
+
+
+def _kept_format(t) -> str | None:
+    """The quant.FORMATS name of a GGUF tensor's type, or None for a type the kernel does not keep."""
+    fmt = t.tensor_type.name.lower()
+    return fmt if fmt in Q.FORMATS else None
 
 
 def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:

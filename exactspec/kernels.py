@@ -130,14 +130,13 @@ def pack_quant(w: quant.Quantized, bias: torch.Tensor | None = None) -> PackedWe
     q = _lanes(w.q.reshape(n, k).view(np.uint8), nblk).reshape(nblk, G, tile.QK, NL)  # (nblk, G, QK, NL)
     if F.qbits == 4:  # byte j of a k-row: lane j low nibble, lane j + 16 high nibble
         q = q[..., : NL // 2] | (q[..., NL // 2:] << 4)
-    qb = tile.QK * F.row_bytes
-    data[:, :, :qb] = q.reshape(nblk, G, qb)
-    data[:, :, qb: qb + 2 * NL] = _lanes(w.d, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
+    data[:, :, :F.d_at] = q.reshape(nblk, G, F.d_at)
+    data[:, :, F.d_at: F.m_at] = _lanes(w.d, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
     if F.has_min:
-        data[:, :, qb + 2 * NL: qb + 4 * NL] = _lanes(w.m, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
+        data[:, :, F.m_at: F.sc_at] = _lanes(w.m, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
     if F.sub_scales:
-        data[:, :, qb + 4 * NL: qb + 5 * NL] = _lanes(w.sc, nblk)
-        data[:, :, qb + 5 * NL:] = _lanes(w.mn, nblk)
+        data[:, :, F.sc_at: F.mn_at] = _lanes(w.sc, nblk)
+        data[:, :, F.mn_at:] = _lanes(w.mn, nblk)
     if F.qbits == 4:
         data = data.view(tile.record_dtype(w.fmt))[:, :, 0]
     b = np.empty(0, np.float32) if bias is None else bias.float().contiguous().numpy().copy()
@@ -150,8 +149,7 @@ def _unpack_quant(data: np.ndarray, fmt: str) -> quant.Quantized:
     raw = np.ascontiguousarray(data).view(np.uint8)
     nblk, G = data.shape[:2]
     raw = raw.reshape(nblk, G, F.group_bytes)
-    qb = tile.QK * F.row_bytes
-    q = raw[:, :, :qb].reshape(nblk, G, tile.QK, F.row_bytes)
+    q = raw[:, :, :F.d_at].reshape(nblk, G, tile.QK, F.row_bytes)
     if F.qbits == 4:
         q = np.concatenate([q & 15, q >> 4], axis=3)
     else:
@@ -159,10 +157,10 @@ def _unpack_quant(data: np.ndarray, fmt: str) -> quant.Quantized:
 
     def rows(a):  # (nblk, G, X, NL) -> (nblk*NL, G*X)
         return np.ascontiguousarray(a.transpose(0, 3, 1, 2)).reshape(nblk * NL, -1)
-    d = rows(raw[:, :, qb: qb + 2 * NL].copy().view(np.float16)[:, :, None, :])
-    m = rows(raw[:, :, qb + 2 * NL: qb + 4 * NL].copy().view(np.float16)[:, :, None, :]) if F.has_min else None
-    sc = rows(raw[:, :, None, qb + 4 * NL: qb + 5 * NL]) if F.sub_scales else None
-    mn = rows(raw[:, :, None, qb + 5 * NL:]) if F.sub_scales else None
+    d = rows(raw[:, :, F.d_at: F.m_at].copy().view(np.float16)[:, :, None, :])
+    m = rows(raw[:, :, F.m_at: F.sc_at].copy().view(np.float16)[:, :, None, :]) if F.has_min else None
+    sc = rows(raw[:, :, None, F.sc_at: F.mn_at]) if F.sub_scales else None
+    mn = rows(raw[:, :, None, F.mn_at:]) if F.sub_scales else None
     return quant.Quantized(fmt, rows(q), d, m, sc, mn)
 
 

@@ -86,8 +86,8 @@ def _quant_table(w: K.PackedWeight) -> np.ndarray:
 class Transformer:
     def __init__(self, cfg: ModelConfig, store: TensorStore, dtype: str, max_context: int, quant: str = "none"):
         """quant: "none" (every weight as `dtype`), "keep" (linear weights the store holds in a block
-        format of quant.FORMATS stay so: GGUF files), or one of quant.FORMATS (every linear weight
-        quantized to it at load)."""
+        format of quant.FORMATS stay so: GGUF files), or one of quant.QUANTIZERS (every linear weight
+        and the embedding quantized to it at load)."""
         if dtype not in DTYPES:
             raise UnsupportedModelError(f"dtype={dtype!r} is not supported (float32, bfloat16)")
         self.cfg = cfg

@@ -39,8 +39,9 @@ from .quant import QK  # k's per quantization group
 NL = 32  # output lanes per packed block (2 vectors of 16)
 V = 16  # lanes per LLVM vector
 PREFETCH_BYTES = 8192  # software prefetch distance along the weight stream
-# One-row tiles prefetch into L2 (prefetcht1): their loop is short, and L1 prefetches (prefetcht0) hold
-# one of the few L1 fill buffers each until the line arrives. Taller tiles prefetch into L1. (Measured.)
+# One-row float tiles prefetch into L2 (prefetcht1): their loop is short, and L1 prefetches (prefetcht0)
+# hold one of the few L1 fill buffers each until the line arrives. Taller tiles, and quantized ones (whose
+# dequantizing makes a k-row slower than its line's arrival), prefetch into L1. (Measured.)
 
 
 def _wide_target() -> bool:
@@ -79,9 +80,26 @@ class Format:
     def row_bytes(self) -> int:  # one k-row of a block's quants
         return NL * self.qbits // 8
 
+    # Byte offsets in a group: d (NL float16) after the quants, then m (NL float16), sc and mn (NL uint8 each).
+    @property
+    def d_at(self) -> int:
+        return QK * self.row_bytes
+
+    @property
+    def m_at(self) -> int:
+        return self.d_at + 2 * NL
+
+    @property
+    def sc_at(self) -> int:
+        return self.m_at + 2 * NL
+
+    @property
+    def mn_at(self) -> int:
+        return self.sc_at + NL
+
     @property
     def group_bytes(self) -> int:
-        return QK * self.row_bytes + 2 * NL * (2 if self.has_min else 1) + (2 * NL if self.sub_scales else 0)
+        return self.mn_at + NL if self.sub_scales else self.sc_at if self.has_min else self.m_at
 
 
 FORMATS = {f.name: f for f in (Format("q8_0", 8, False), Format("q4_0", 4, False), Format("q4_1", 4, True),
@@ -221,18 +239,17 @@ class _Tile:
         """Group g of a quantized format: its scales (and minimums) widened once, then QK k's."""
         b, F = self.b, FORMATS[self.fmt]
         gb = b.gep(self.w, [b.mul(g, self.c64(F.group_bytes))])
-        qb = QK * F.row_bytes
 
         def halves(off):
             return [_f16_to_f32(b, self.vec(b.gep(gb, [self.c64(off + 2 * V * v)]), self.i16, 2)) for v in range(NL // V)]
-        scales = halves(qb)
-        mins = halves(qb + 2 * NL) if F.has_min else None
+        scales = halves(F.d_at)
+        mins = halves(F.m_at) if F.has_min else None
         v8 = ir.VectorType(self.i8, V)
         if F.sub_scales:  # q4_k: d * sc and -(dmin * mn), exact
             def bytes_(off):
                 return [b.uitofp(self.vec(b.gep(gb, [self.c64(off + V * v)]), self.i8, 1), self.vf) for v in range(NL // V)]
-            scales = [b.fmul(d, s) for d, s in zip(scales, bytes_(qb + 4 * NL))]
-            mins = [b.fneg(b.fmul(d, m)) for d, m in zip(mins, bytes_(qb + 5 * NL))]
+            scales = [b.fmul(d, s) for d, s in zip(scales, bytes_(F.sc_at))]
+            mins = [b.fneg(b.fmul(d, m)) for d, m in zip(mins, bytes_(F.mn_at))]
 
         def weights(row) -> list:
             """The NL dequantized weights of one k-row (bytes at `row`), as NL/V vectors."""
