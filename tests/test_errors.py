@@ -225,6 +225,10 @@ def test_cli_errors_are_one_line_exit_2(ckpt, tmp_path):
     assert r.returncode == 2 and "temperature=-1.0" in r.stderr and "Traceback" not in r.stderr
     r = _cli("generate", "--model", str(ckpt("llama")), "--prompt", "x", "--draft", str(tmp_path))
     assert r.returncode == 2 and "config.json not found" in r.stderr
+    r = _cli("serve", "--model", str(ckpt("llama")), "--replicas", "2")  # a Ray flag without --ray
+    assert r.returncode == 2 and "--replicas, --max-replicas and --ray-address go with --ray" in r.stderr
+    r = _cli("serve", "--model", str(ckpt("llama")), "--ray", "--cpus-per-replica", "0")
+    assert r.returncode == 2 and "--cpus-per-replica 0: must be >= 1" in r.stderr and "Traceback" not in r.stderr
 
 
 # Checkpoint files of the wrong types: (file, content, message). A named CheckpointError, never a traceback.
