@@ -18,7 +18,7 @@ import torch
 
 import exactspec
 from exactspec.demo import PROMPTS, demo_folder
-from exactspec.diff import first_divergence
+from exactspec.hf.diff import first_divergence
 
 
 def run_hf(folder: Path, draft_folder: Path, dtype: torch.dtype, n: int, k: int) -> dict:

@@ -48,7 +48,7 @@ def from_gguf(src: Path, folder: Path, qtypes: list[str]) -> dict:
     """Dequantize a llama GGUF (e.g. SmolLM2's Q4_1) to BF16 and write it as model-bf16.gguf: both
     sides then read the very same BF16 weights from one file."""
     import torch
-    from exactspec.gguf_file import GGUFFile, gguf_name
+    from exactspec.model.gguf_file import GGUFFile, gguf_name
     store = GGUFFile(src)
     c = store.cfg
     if c.arch != "llama":

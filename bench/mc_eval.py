@@ -64,8 +64,8 @@ def hf_scores(model, tok, items) -> list[list[float]]:
 def main() -> None:
     from exactspec import fetch
     from exactspec.demo import demo_folder
-    from exactspec.diff import load_hf
-    from exactspec.sources import load_tokenizer
+    from exactspec.hf.diff import load_hf
+    from exactspec.model.checkpoint import load_tokenizer
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
     a = ap.parse_args()

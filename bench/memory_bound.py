@@ -20,7 +20,7 @@ import torch
 
 import exactspec
 from exactspec import kernels as K
-from exactspec.model import Rows
+from exactspec.model.transformer import Rows
 from common import QWEN_05B, read_bandwidth, timed
 
 

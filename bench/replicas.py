@@ -21,8 +21,8 @@ import ray
 from ray import serve
 
 import exactspec
-from exactspec import ray as exact_ray
-from exactspec.server import ServeOptions
+from exactspec.serve import ray as exact_ray
+from exactspec.serve.app import ServeOptions
 from common import table
 from load import PROMPTS
 

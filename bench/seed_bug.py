@@ -20,7 +20,9 @@ import torch
 
 import exactspec
 import exactspec.hf
-from exactspec import chat, diff, fetch
+from exactspec.text import chat
+from exactspec.hf import diff
+from exactspec import fetch
 from common import table as markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent

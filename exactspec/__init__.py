@@ -8,14 +8,17 @@ _os.environ.setdefault("NUMBA_DISABLE_INTEL_SVML", "1")
 
 def _numba_cache_dir() -> str:
     # numba's on-disk cache is keyed by the source file of each jitted function only: a change in a
-    # module it calls (the IR tile in tile.py, a kernel helper) would not invalidate it, and a stale
-    # kernel would run. Key the cache folder by the content of every module of the package instead.
+    # module it calls (the IR tile in kernels/tile.py, a kernel helper) would not invalidate it, and a stale
+    # kernel would run. Key the cache folder by the content of every module of the package (all its subpackages) instead.
     import hashlib
     here = _os.path.dirname(__file__)
     h = hashlib.sha256()
-    for name in sorted(n for n in _os.listdir(here) if n.endswith(".py")):
-        with open(_os.path.join(here, name), "rb") as f:
-            h.update(name.encode() + f.read())
+    for folder, dirs, files in sorted(_os.walk(here)):
+        dirs.sort()
+        for name in sorted(n for n in files if n.endswith(".py")):
+            path = _os.path.join(folder, name)
+            with open(path, "rb") as f:
+                h.update(_os.path.relpath(path, here).encode() + f.read())
     base = _os.environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache")
     return _os.path.join(base, "exactspec", "numba", h.hexdigest()[:16])
 
@@ -26,9 +29,9 @@ from .api import GenerationResult, Model, load  # noqa: E402
 from .errors import (CheckpointError, ContextLengthError, ExactSpecError, GenerationError,  # noqa: E402
                      InvalidArgumentError, InvalidRequest, UnsupportedModelError, WeightError)
 from .kernels import set_num_threads  # noqa: E402
-from .loop import BatchStats, Stats  # noqa: E402
-from .request import Request, make_request  # noqa: E402
-from .sampling import SamplingParams  # noqa: E402
+from .decode.loop import BatchStats, Stats  # noqa: E402
+from .decode.request import Request, make_request  # noqa: E402
+from .decode.sampling import SamplingParams  # noqa: E402
 
 __all__ = ["load", "Model", "GenerationResult", "Stats", "BatchStats", "Request", "make_request", "SamplingParams",
            "set_num_threads", "ExactSpecError", "CheckpointError", "WeightError", "UnsupportedModelError",

@@ -12,19 +12,21 @@ from typing import Callable, Sequence
 
 import torch
 
-from .config import ModelConfig, load_config, read_json, token_ids
-from .drafters import DraftModelDrafter, Drafter, LookupDrafter
+from .jsonfile import read_json
+from .model.config import ModelConfig, load_config, token_ids
+from .decode.drafters import DraftModelDrafter, Drafter, LookupDrafter
 from .errors import CheckpointError, InvalidRequest, UnsupportedModelError
-from .gguf_file import GGUFFile
-from .loop import BatchStats, Stats, run_batch
-from .model import DTYPES, Rows, Transformer
-from .quant import FORMATS, QUANTIZERS
-from .request import Limits, Request, check_prompt, make_request
-from .sampling import TokenLogprob, token_logprobs
-from .memory import release_free_heap
-from .sources import is_gguf, resolve
-from .tokenizer import StreamDecoder, Tokenizer
-from .weights import TensorStore
+from .model.gguf_file import GGUFFile
+from .decode.loop import BatchStats, Stats, run_batch
+from .model.transformer import DTYPES, Rows, Transformer
+from .kernels.quant import FORMATS, QUANTIZERS
+from .decode.request import Limits, Request, check_prompt, make_request
+from .decode.sampling import TokenLogprob, token_logprobs
+from .model.memory import release_free_heap
+from .model.checkpoint import is_gguf, resolve
+from .text.stream import StreamDecoder
+from .text.tokenizer import Tokenizer
+from .model.weights import TensorStore
 
 
 @dataclass

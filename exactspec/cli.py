@@ -114,8 +114,8 @@ def cmd_diff(a: argparse.Namespace) -> int:
     import contextlib
     from pathlib import Path
 
-    from . import diff
-    from .sources import load_tokenizer
+    from .hf import diff
+    from .model.checkpoint import load_tokenizer
     model = diff.load_hf(a.model, a.dtype)
     tok = load_tokenizer(a.model)
     ctx = contextlib.nullcontext()
@@ -154,9 +154,10 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
     import os
 
-    from . import load, set_num_threads
-    from .drafters import LookupDrafter
-    from .server import ServeOptions, serve
+    from . import load
+    from . import set_num_threads
+    from .decode.drafters import LookupDrafter
+    from .serve.app import ServeOptions, serve
     if a.threads is not None:
         set_num_threads(a.threads)
     opts = ServeOptions(max_batch=a.max_batch, max_queue=a.max_queue, max_n=a.max_n, logprobs_mode=a.logprobs_mode,
@@ -173,7 +174,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
             if getattr(a, flag) < 1:
                 raise InvalidRequest(f"--{flag.replace('_', '-')} {getattr(a, flag)}: must be >= 1", flag)
         try:
-            from . import ray as exact_ray
+            from .serve import ray as exact_ray
         except ImportError as e:
             raise ExactSpecError(f"--ray needs Ray Serve: pip install 'exactspec[ray]' ({e})") from None
     model = load(a.model, dtype=a.dtype, max_context=a.max_context, quantize=a.quantize)
@@ -212,7 +213,8 @@ def cmd_distill(a: argparse.Namespace) -> int:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from . import load, set_num_threads
+    from . import load
+    from . import set_num_threads
     if a.threads is not None:
         set_num_threads(a.threads)
     model = load(a.model, dtype=a.dtype, quantize=a.quantize)

@@ -53,7 +53,8 @@ def run(folder: Path | None = None, max_new_tokens: int | None = None, k: int | 
 
 def run_smollm2(path: Path, max_new_tokens: int, k: int | str, dtype: str, repetition_penalty: float,
                 out=sys.stdout) -> list[dict]:
-    from . import chat, load
+    from .text import chat
+    from . import load
     target = load(path, dtype=dtype, max_context=1024)
     methods: list[tuple[str, object]] = [("plain greedy", None), ("prompt lookup", "lookup")]
     draft_dir = demo_folder() / "smollm2-draft"

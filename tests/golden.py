@@ -79,7 +79,7 @@ def record() -> dict:
         # Q8_0 kept quantized (the int8 widening, the float16 scales in integer ops): its own generator,
         # so the records above stay as they were; K = 64 and I = 160 are whole groups of 32
         rng8 = np.random.default_rng(8)
-        from exactspec import quant
+        from exactspec.kernels import quant
         p = K.pack_quant(quant.quantize(_ints(rng8, (77, 64), 0.3).numpy(), "q8_0"))
         x = _ints(rng8, (13, 64), 1.7) + _ints(rng8, (13, 64), 1e-3)
         out["linear_q8_0"] = _sha(torch.cat([K.linear(x[:m], p) for m in range(1, 14)]))

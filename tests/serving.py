@@ -9,7 +9,7 @@ import pytest
 import uvicorn
 
 import exactspec
-from exactspec.server import ServeOptions, Server, uvicorn_config
+from exactspec.serve.app import ServeOptions, Server, uvicorn_config
 
 
 def free_port() -> int:

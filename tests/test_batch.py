@@ -2,9 +2,9 @@
 import pytest
 
 import exactspec
-from exactspec.drafters import DraftModelDrafter, LookupDrafter
+from exactspec.decode.drafters import DraftModelDrafter, LookupDrafter
 from exactspec.errors import GenerationError
-from exactspec.loop import Batch
+from exactspec.decode.loop import Batch
 
 
 @pytest.mark.parametrize("drafter_kind", ["none", "model", "lookup"])

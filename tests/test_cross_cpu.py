@@ -59,7 +59,7 @@ def test_other_compile_targets_give_the_same_bits(here_record, other_targets, ta
 
 def test_the_tile_height_follows_the_target():
     """Teeth for the test above: the targets really compile different tile shapes."""
-    code = "from exactspec import tile; print(tile.MR_MAX)"
+    code = "from exactspec.kernels import cpu; print(cpu.MR_MAX)"
     heights = {}
     for target in ("haswell", "skylake-avx512"):
         env = dict(os.environ, NUMBA_CPU_NAME=target)

@@ -8,7 +8,7 @@ import torch
 import transformers as tf
 
 import exactspec.hf as H
-from exactspec import diff
+from exactspec.hf import diff
 from exactspec.cli import main
 from exactspec.errors import InvalidRequest
 from exactspec.testing import random_model

@@ -188,9 +188,9 @@ def test_only_request_checks_the_context():
     """One context-length check in the package: request.check_prompt (the forward's guard is not an input check)."""
     import pathlib
     pkg = pathlib.Path(exactspec.__file__).parent
-    hits = [f"{p.name}:{i}" for p in sorted(pkg.glob("*.py")) for i, line in enumerate(p.read_text().splitlines(), 1)
-            if "raise ContextLengthError(" in line]
-    assert hits == [hits[0]] and hits[0].startswith("request.py:"), hits
+    hits = [f"{p.relative_to(pkg).as_posix()}:{i}" for p in sorted(pkg.rglob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines(), 1) if "raise ContextLengthError(" in line]
+    assert hits == [hits[0]] and hits[0].startswith("decode/request.py:"), hits
 
 
 def test_seed_none_works_greedy_and_sampled(ckpt):

@@ -84,7 +84,7 @@ def test_logits_shape_and_empty(ckpt):
 def test_greedy_repetition_penalty_fast_path_equals_filtered_logits():
     """pick's greedy + penalty path (numpy, history tokens only) == argmax of filtered_logits."""
     import random
-    from exactspec import sampling as S
+    from exactspec.decode import sampling as S
     g = torch.Generator().manual_seed(0)
     rnd = random.Random(0)
     for trial in range(600):

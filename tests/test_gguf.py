@@ -122,7 +122,7 @@ def test_quantized_gguf_is_dequantized_by_the_gguf_package(tmp_path, qtype):
     hf = random_model("llama", hidden=64)
     path = write_gguf(hf, tmp_path / "m.gguf", qtype)
     m = exactspec.load(path, dtype="bfloat16")
-    f = exactspec.gguf_file.GGUFFile(path)
+    f = exactspec.model.gguf_file.GGUFFile(path)
     t = f.tensors["blk.0.ffn_up.weight"]
     want = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type)).to(torch.bfloat16).float()
     assert torch.equal(m.net.layers[0].w_up.unpack(), want)

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import exactspec
 from exactspec.errors import CheckpointError, UnsupportedModelError
-from exactspec.tokenizer import Tokenizer as ExactTokenizer
+from exactspec.text.tokenizer import Tokenizer as ExactTokenizer
 
 TEXTS = [
     "Hello world", "  two leading spaces\n\n\ttab and newline", "def f(x):\n    return x**2  # square\n",

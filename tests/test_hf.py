@@ -5,7 +5,9 @@ import pytest
 import torch
 import transformers as tf
 
+import exactspec
 import exactspec.hf as H
+import exactspec.hf.patching as HP
 from exactspec.errors import InvalidRequest, UnsupportedModelError
 from exactspec.testing import config_for, random_model
 
@@ -77,11 +79,11 @@ def test_forward_is_the_same_for_one_or_two_threads():
     with torch.no_grad(), H.patch(model):
         two = model(ids).logits
         n = torch.get_num_threads()
-        H.kernels.set_num_threads(1)
+        exactspec.set_num_threads(1)
         try:
             one = model(ids).logits
         finally:
-            H.kernels.set_num_threads(n)
+            exactspec.set_num_threads(n)
     assert torch.equal(one, two)
 
 
@@ -222,7 +224,7 @@ def test_non_cpu_model_is_refused_with_the_reason():
 
 def test_transformers_version_outside_the_range_is_refused(monkeypatch):
     model = random_model("llama")
-    monkeypatch.setattr(H, "transformers_version", lambda: "4.46.3")
+    monkeypatch.setattr(HP, "transformers_version", lambda: "4.46.3")
     with pytest.raises(UnsupportedModelError, match=r"transformers >= 5.0, < 6.0; installed: 4.46.3"):
         H.patch(model)
     with pytest.raises(UnsupportedModelError, match="6.1.0"):
@@ -250,7 +252,7 @@ def test_the_invariance_check_has_teeth(monkeypatch):
     """Route the patched linears back to torch's F.linear: the bitwise check must then fail."""
     model = random_model("llama")
     ids = prompt(10, 40)
-    monkeypatch.setattr(H._Linears, "__call__", lambda self, i, x: torch.nn.functional.linear(
+    monkeypatch.setattr(HP._Linears, "__call__", lambda self, i, x: torch.nn.functional.linear(
         x, self.modules[i].weight, self.modules[i].bias))
     with torch.no_grad(), H.patch(model):
         full = model(ids).logits

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from exactspec import kernels as K
+from exactspec.hf.attention import masked_attention
 
 
 def _w(n, k, dtype, seed=0):
@@ -152,7 +153,7 @@ def test_masked_attention_equals_the_engine_kernel_and_ignores_masked_keys(windo
     if window:
         mask &= i[None, :] > i[:, None] - window
     hq, hk, hv = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-    got = K.masked_attention(hq, hk, hv, mask[None].to(torch.uint8).numpy(), 0.25)[0]
+    got = masked_attention(hq, hk, hv, mask[None].to(torch.uint8).numpy(), 0.25)[0]
     assert torch.equal(got, want)
     # left padding of 7 junk keys, and a batch of two rows with different pads: same bits
     pad = 7
@@ -160,9 +161,9 @@ def test_masked_attention_equals_the_engine_kernel_and_ignores_masked_keys(windo
     pk, pv = torch.cat([junk, hk], 2), torch.cat([junk.clone().fill_(float("inf")), hv], 2)
     pmask = torch.cat([torch.zeros(T, pad, dtype=torch.bool), mask], 1)
     pq = hq[:, :, -5:]
-    out = K.masked_attention(pq, pk, pv, pmask[None, -5:].to(torch.uint8).numpy(), 0.25)[0]
+    out = masked_attention(pq, pk, pv, pmask[None, -5:].to(torch.uint8).numpy(), 0.25)[0]
     assert torch.equal(out, want[-5:])
-    empty = K.masked_attention(pq, pk, pv, np.zeros((1, 5, T + pad), np.uint8), 0.25)
+    empty = masked_attention(pq, pk, pv, np.zeros((1, 5, T + pad), np.uint8), 0.25)
     assert torch.equal(empty, torch.zeros_like(empty))  # a row that may attend nothing: zeros, not NaN
 
 
@@ -272,4 +273,4 @@ def test_serial_builds_have_their_own_disk_cache_entries(tmp_path):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
     index = sorted(p.name.split("-")[0] for p in tmp_path.rglob("*.nbi") if "_linear" in p.name)
-    assert index == ["kernels._linear", "kernels._linear_serial"], index
+    assert index == ["linear._linear", "linear._linear_serial"], index

@@ -110,7 +110,7 @@ def test_fused_forward_equals_the_per_kernel_twin(ckpt, arch, dtype, monkeypatch
     """The one-call forward (forward.py) vs `forward_ref` (one kernel call per step): logits and
     the cache contents bitwise, with the serial build and the threaded build, rows of two
     sequences interleaved, and a subset of output rows."""
-    from exactspec import forward as F
+    from exactspec.model import forward as F
     net = exactspec.load(ckpt(arch), dtype=dtype).net
     a, b = _prompt(37, seed=4), _prompt(52, seed=5)
     tok = torch.tensor(a + b)

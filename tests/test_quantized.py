@@ -10,7 +10,8 @@ import torch
 
 import exactspec
 from exactspec import kernels as K
-from exactspec import quant, tile
+from exactspec.kernels import quant
+from exactspec.kernels import layout
 from exactspec.testing import q4_k_blocks, random_model
 from test_gguf import _ids, write_gguf
 
@@ -37,7 +38,7 @@ def test_gguf_blocks_split_and_pack_without_loss(fmt):
     p = K.pack_quant(q)
     assert p.fmt == fmt and p.quantized
     assert np.array_equal(p.unpack().numpy().view(np.uint32), ref.view(np.uint32))
-    assert p.data.nbytes == 3 * (k // 32) * tile.FORMATS[fmt].group_bytes  # 3 blocks of 32 rows, no more
+    assert p.data.nbytes == 3 * (k // 32) * layout.LAYOUTS[fmt].group_bytes  # 3 blocks of 32 rows, no more
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -69,8 +70,8 @@ def test_quantized_linear_is_the_float_kernel_on_dequantized_weights(fmt, n, k, 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_embedding_rows_are_looked_up_from_the_blocks(fmt):
-    from exactspec import forward as F
-    from exactspec.model import _quant_table
+    from exactspec.model import forward as F
+    from exactspec.model.transformer import _quant_table
     rng = np.random.default_rng(5)
     w = rng.standard_normal((77, 256)).astype(np.float32)
     p = K.pack_quant(quant.from_blocks(_blocks(w, fmt), fmt, 77, 256))
@@ -149,7 +150,7 @@ def test_a_file_of_mixed_formats_keeps_each_kind_in_its_own(tmp_path):
     path = write_gguf(hf, tmp_path / "m.gguf", TYPE["q4_1"], embed_type=TYPE["q8_0"])
     kept, deq = exactspec.load(path), exactspec.load(path, dtype="float32")
     assert kept.net.layers[0].w_down.fmt == "q4_1"
-    assert kept.net._embed_np.shape[2] == tile.GROUP_BYTES  # Q8_0 groups
+    assert kept.net._embed_np.shape[2] == layout.GROUP_BYTES  # Q8_0 groups
     assert kept.net.lm_head.fmt == ("q8_0" if kept.cfg.tie_word_embeddings else "q4_1")
     assert kept.net.dtype == "q4_1+q8_0+float32"
     ids = _ids()
@@ -174,11 +175,11 @@ def test_quantized_weights_take_the_bytes_of_their_gguf_blocks(ckpt, fmt, bytes_
     st = m.net.stack
     qbytes = sum(a.nbytes for name, a in st.arrays.items() if name.startswith("w"))
     weights = st.work  # multiply-adds per row = weights of every layer's linears
-    assert qbytes == weights * tile.FORMATS[fmt].group_bytes // (tile.QK * tile.NL)  # N is a multiple of 32 here
-    assert tile.FORMATS[fmt].group_bytes * 32 == bytes_per_32 * tile.QK * tile.NL
+    assert qbytes == weights * layout.LAYOUTS[fmt].group_bytes // (layout.QK * layout.NL)  # N is a multiple of 32 here
+    assert layout.LAYOUTS[fmt].group_bytes * 32 == bytes_per_32 * layout.QK * layout.NL
     # Q4_K (kept from files only): 22 bytes per 32 weights where the file has 18 -- each group carries its
     # super-block's d and dmin (4 bytes) beside its own 6-bit scale and minimum (a byte each)
-    assert tile.FORMATS["q4_k"].group_bytes * 32 == 22 * tile.QK * tile.NL
+    assert layout.LAYOUTS["q4_k"].group_bytes * 32 == 22 * layout.QK * layout.NL
 
 
 def test_bad_quantize_and_dtype_are_named(ckpt):

@@ -13,9 +13,9 @@ ray = pytest.importorskip("ray", reason="Ray Serve is the optional [ray] extra: 
 serve = pytest.importorskip("ray.serve")
 
 import exactspec  # noqa: E402
-from exactspec import ray as exact_ray  # noqa: E402
-from exactspec.drafters import LookupDrafter  # noqa: E402
-from exactspec.server import ServeOptions  # noqa: E402
+from exactspec.serve import ray as exact_ray  # noqa: E402
+from exactspec.decode.drafters import LookupDrafter  # noqa: E402
+from exactspec.serve.app import ServeOptions  # noqa: E402
 from serving import InProcess, free_port  # noqa: E402
 
 OPTS = ServeOptions(max_batch=4)

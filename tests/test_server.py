@@ -10,8 +10,8 @@ import openai
 import pytest
 
 import exactspec
-from exactspec import chat
-from exactspec.server import ServeOptions
+from exactspec.text import chat
+from exactspec.serve.app import ServeOptions
 from serving import InProcess, free_port
 
 

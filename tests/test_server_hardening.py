@@ -13,7 +13,7 @@ import openai
 import pytest
 
 import exactspec
-from exactspec.server import FAULT_MARKER, ServeOptions
+from exactspec.serve.app import FAULT_MARKER, ServeOptions
 from serving import InProcess
 
 

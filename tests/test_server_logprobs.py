@@ -8,8 +8,8 @@ import httpx
 import openai
 import pytest
 
-from exactspec.drafters import LookupDrafter
-from exactspec.server import ServeOptions
+from exactspec.decode.drafters import LookupDrafter
+from exactspec.serve.app import ServeOptions
 from serving import InProcess
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import exactspec
-from exactspec import chat
+from exactspec.text import chat
 from exactspec.errors import CheckpointError
 from exactspec.testing import random_model
 from test_gguf import write_gguf

@@ -6,9 +6,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from scipy.stats import chisquare
 
 import exactspec
-from exactspec.drafters import LookupDrafter
-from exactspec.request import DraftLength
-from exactspec.sampling import SamplingParams, filtered_logits, pick
+from exactspec.decode.drafters import LookupDrafter
+from exactspec.decode.request import DraftLength
+from exactspec.decode.sampling import SamplingParams, filtered_logits, pick
 
 N_NEW = 256
 KS = [1, 2, 3, 5, 8, "dynamic"]
@@ -153,7 +153,7 @@ def test_the_matrix_has_teeth_a_torch_linear_model_diverges(pair, monkeypatch):
     """The same loop with torch's F.linear in place of our kernel (rounding depends on the row
     count) must fail the exactness check on these near-tie models; otherwise the matrix proves nothing."""
     import torch.nn.functional as F
-    from exactspec import model as M
+    from exactspec.model import transformer as M
 
     def torch_linear(x, w):
         return F.linear(x, w.unpack(), torch.from_numpy(w.bias) if w.bias.size else None)

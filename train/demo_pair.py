@@ -49,7 +49,7 @@ def main() -> None:
     print(f"target: {sum(p.numel() for p in target.parameters()) / 1e6:.1f} M parameters")
     stats = T.train(target, data, val, T.TrainSpec(minutes=a.target_minutes, lr=2e-3), desc="target")
     print("target:", json.dumps(stats))
-    from exactspec.tokenizer import Tokenizer as ExactTokenizer
+    from exactspec.text.tokenizer import Tokenizer as ExactTokenizer
     T.save(target, tdir, ExactTokenizer.from_folder(tdir), eos,
            {**stats, "corpus": "Python standard library Lib/**/*.py"})
     dstats = T.distill(tdir, Path(a.corpus), ddir, minutes=a.draft_minutes, hidden=192, layers=2, suffixes=(".py",))

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 import exactspec
-from exactspec import chat, fetch
+from exactspec.text import chat
+from exactspec import fetch
 from exactspec import train as T
 
 GENERAL = [
@@ -99,7 +100,7 @@ def main() -> None:
     stats = T.train(student, flat[:cut], flat[cut:], spec, desc="fine-tune on SmolLM2 transcripts")
     prior = json.loads((Path(a.init) / "training.json").read_text())
     meta = {"distill": prior, "finetune": {**stats, "transcripts": len(seqs), "tokens_available": int(len(flat))}}
-    from exactspec.tokenizer import Tokenizer
+    from exactspec.text.tokenizer import Tokenizer
     T.save(student, Path(a.out), Tokenizer.from_folder(Path(a.init)), int(student.config.eos_token_id), meta)
     print(json.dumps(meta["finetune"], indent=2))
 

@@ -13,9 +13,9 @@ from typing import Sequence
 
 import numpy as np
 
-from . import kernels as K
-from .errors import InvalidRequest
-from .model import Rows, Transformer
+from .. import kernels as K
+from ..errors import InvalidRequest
+from ..model.transformer import Rows, Transformer
 from .sampling import SamplingParams, pick
 
 

@@ -21,12 +21,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .drafters import Drafter
-from .errors import GenerationError
-from .loop import Batch, SeqState, Stats
-from .model import Transformer
-from .request import Request
-from .sampling import TokenLogprob
+from ..decode.drafters import Drafter
+from ..errors import GenerationError
+from ..decode.loop import Batch, SeqState, Stats
+from ..model.transformer import Transformer
+from ..decode.request import Request
+from ..decode.sampling import TokenLogprob
 
 
 log = logging.getLogger("exactspec.engine")

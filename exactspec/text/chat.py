@@ -8,7 +8,7 @@ import jinja2
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import ExactSpecError, InvalidRequest
+from ..errors import ExactSpecError, InvalidRequest
 
 
 class TemplateError(InvalidRequest):

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import torch
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 NOISE_FACTOR = 4.0
 NEAR_TIE = "numerical near-tie"
@@ -214,8 +214,8 @@ def compare(model, prompt_ids: Sequence[int] | torch.Tensor, settings_a: dict, s
 def load_hf(path: str, dtype: str = "float32"):
     """A transformers causal LM from a local checkpoint folder, a .gguf file (transformers' own
     GGUF loading) or a cached hub id (never the network unless the hub cache lacks it)."""
-    from .errors import CheckpointError
-    from .sources import is_gguf, resolve
+    from ..errors import CheckpointError
+    from ..model.checkpoint import is_gguf, resolve
     folder = resolve(path)
     gguf = is_gguf(folder)
     if not gguf and not (folder / "config.json").is_file():

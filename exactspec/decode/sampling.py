@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from numba import njit
 
-from . import kernels as K
-from .errors import InvalidRequest
+from .. import kernels as K
+from ..errors import InvalidRequest
 
 
 @dataclass(frozen=True)

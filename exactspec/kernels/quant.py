@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import UnsupportedModelError
+from ..errors import UnsupportedModelError
 
 QK = 32  # weights per block (and per group of the packed kernel layout)
 FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k")

@@ -2,7 +2,7 @@
 
 A forward call takes any set of rows (token, slot, position) from any sequences: a prompt, one
 decode token, k+1 verify tokens, or all of these from many sequences at once. Every row is
-computed by batch-invariant kernels (kernels.py), so the logits of a row are a function of its
+computed by batch-invariant kernels (exactspec.kernels), so the logits of a row are a function of its
 sequence's tokens up to its position and the weights, nothing else.
 
 `forward` runs the whole model as one compiled call (forward.py) on the stacked weights;
@@ -18,13 +18,12 @@ import numpy as np
 import torch
 
 from . import forward as F
-from . import kernels as K
-from . import quant as Q
+from .. import kernels as K
+from ..kernels import quant as Q
 from .cache import KVCache
-from .config import ModelConfig
-from .errors import UnsupportedModelError
+from .config import Limits, ModelConfig
+from ..errors import UnsupportedModelError
 from .memory import ensure_fits
-from .request import Limits
 from .weights import TensorStore
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from .errors import CheckpointError, UnsupportedModelError
+from ..errors import CheckpointError, UnsupportedModelError
 
 CONTROL, USER_DEFINED, UNKNOWN = 3, 4, 2  # llama.cpp's token types
 

@@ -1,11 +1,11 @@
 """ModelConfig: the frozen facts we need from a HF config.json, per-architecture differences as fields."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CheckpointError, UnsupportedModelError
+from ..errors import CheckpointError, UnsupportedModelError
+from ..jsonfile import read_json
 
 SUPPORTED = {
     "LlamaForCausalLM": "llama",
@@ -39,20 +39,17 @@ class ModelConfig:
     bos_token_id: int | None
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What a request is checked against: the target's vocabulary and its context (max_context),
+    and what a server allows (stop strings: how many, how long; None = no limit)."""
+    vocab_size: int
+    max_context: int
+    max_stops: int | None = None
+    max_stop_chars: int | None = None
+
+
 _MISSING = object()
-
-
-def read_json(path: Path) -> dict:
-    """A JSON object from a checkpoint file, or CheckpointError naming the file."""
-    try:
-        v = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise CheckpointError(f"{path}: not UTF-8 text ({e})") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(v, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(v).__name__}")
-    return v
 
 
 def token_ids(value, where: str) -> tuple[int, ...]:

@@ -8,7 +8,7 @@ block's data contiguous, the blocks at any stride):
   of a float32);
 * quantized, in groups of QK = 32 k's: per block and group, the quants (k-major, lane-minor), then
   the lanes' float16 scales (and, Q4_1, minimums). The weight the chain multiplies is the format's
-  dequantized value, computed in registers with one fixed expression (see `FORMATS`); each is the
+  dequantized value, computed in registers with one fixed expression (see layout.py's `LAYOUTS`); each is the
   gguf package's dequantization to the bit, so a quantized tile computes the same chains as the
   float32 tile on the dequantized weights.
 
@@ -26,92 +26,19 @@ Why this is exact on any x86-64 CPU, for any tile shape:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import llvmlite.binding as llb
 from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils, config
+from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .layout import LAYOUTS, NL
 from .quant import QK  # k's per quantization group
 
-NL = 32  # output lanes per packed block (2 vectors of 16)
 V = 16  # lanes per LLVM vector
 PREFETCH_BYTES = 8192  # software prefetch distance along the weight stream
 # One-row float tiles prefetch into L2 (prefetcht1): their loop is short, and L1 prefetches (prefetcht0)
 # hold one of the few L1 fill buffers each until the line arrives. Taller tiles, and quantized ones (whose
 # dequantizing makes a k-row slower than its line's arrival), prefetch into L1. (Measured.)
-
-
-def _wide_target() -> bool:
-    """Does numba compile for a CPU with 32 vector registers (AVX-512)? Only speed depends on it."""
-    feats = config.CPU_FEATURES
-    if config.CPU_NAME:
-        name = config.CPU_NAME
-        if not feats:
-            return any(s in name for s in ("avx512", "icelake", "sapphire", "cascade", "cooper", "tiger",
-                                            "cannonlake", "znver4", "znver5", "graniterapids", "emerald"))
-    elif not feats:
-        feats = llb.get_host_cpu_features().flatten()
-    return "+avx512f" in (feats or "")
-
-
-# Rows per tile: mr rows x 2 vectors of accumulators, + 2 weight vectors, + broadcasts.
-MR_MAX = 10 if _wide_target() else 3
-
-
-
-@dataclass(frozen=True)
-class Format:
-    """A quantized layout: per block and group of QK k's, `qbits`-bit quants (k-major, lane-minor;
-    4-bit: byte j of a k-row holds lane j in its low nibble and lane j + 16 in its high one), then
-    NL float16 scales d, then (has_min) NL float16 minimums m, then (sub_scales, Q4_K) NL uint8 group
-    scales sc and NL uint8 group minimums mn. Dequantized weight: q8_0: f32(d) * f32(q) (q int8);
-    q4_0: f32(d) * f32(q - 8); q4_1: fma(f32(q), f32(d), f32(m)); q4_k: fma(f32(q), f32(d) * f32(sc),
-    -(f32(m) * f32(mn))) -- every product is exact in float32 (at most 11 + 8 significant bits), so
-    each is the gguf package's value (quant.py), and a sum rounds once whether fused or not."""
-    name: str
-    qbits: int
-    has_min: bool
-    sub_scales: bool = False
-
-    @property
-    def row_bytes(self) -> int:  # one k-row of a block's quants
-        return NL * self.qbits // 8
-
-    # Byte offsets in a group: d (NL float16) after the quants, then m (NL float16), sc and mn (NL uint8 each).
-    @property
-    def d_at(self) -> int:
-        return QK * self.row_bytes
-
-    @property
-    def m_at(self) -> int:
-        return self.d_at + 2 * NL
-
-    @property
-    def sc_at(self) -> int:
-        return self.m_at + 2 * NL
-
-    @property
-    def mn_at(self) -> int:
-        return self.sc_at + NL
-
-    @property
-    def group_bytes(self) -> int:
-        return self.mn_at + NL if self.sub_scales else self.sc_at if self.has_min else self.m_at
-
-
-FORMATS = {f.name: f for f in (Format("q8_0", 8, False), Format("q4_0", 4, False), Format("q4_1", 4, True),
-                               Format("q4_k", 4, True, True))}
-GROUP_BYTES = FORMATS["q8_0"].group_bytes  # Q8_0 weights are uint8 (nblk, K/QK, GROUP_BYTES)
-
-
-def record_dtype(fmt: str):
-    """The numpy dtype of one group of a 4-bit format: a record whose one field is named by the format
-    (so the kernel's type tells the format; Q8_0 is plain uint8 with a last axis of GROUP_BYTES)."""
-    import numpy as np
-    return np.dtype([(fmt, np.uint8, (FORMATS[fmt].group_bytes,))])
 
 
 def _format_of(dtype) -> str:
@@ -237,7 +164,7 @@ class _Tile:
 
     def group_body(self, g, acc: list) -> list:
         """Group g of a quantized format: its scales (and minimums) widened once, then QK k's."""
-        b, F = self.b, FORMATS[self.fmt]
+        b, F = self.b, LAYOUTS[self.fmt]
         gb = b.gep(self.w, [b.mul(g, self.c64(F.group_bytes))])
 
         def halves(off):

@@ -9,7 +9,9 @@ logits of a position depend on that position's prefix alone (not on how many tok
 sequences share the forward call, the cache length or the thread count), and greedy, assisted and
 prompt-lookup generation give the same tokens.
 
-How (instance-level, nothing global is left behind):
+How (instance-level: the model's modules are swapped back on exit; the one global step, registering
+the "exactspec" attention function with transformers' `AttentionInterface`, is done once and is inert
+for a model that does not select it):
 * each `nn.Linear` -> `kernels.linear` (fixed k order, float32 accumulation, result cast back to the
   weight's dtype as torch's bf16 matmul does); packed weights are made on first use and kept while
   the patch is on (memory: one extra copy of the weights);
@@ -19,7 +21,7 @@ How (instance-level, nothing global is left behind):
   scalar exp per element: no vector body / tail split), down; intermediates stay float32;
 * the rotary embedding -> a cos/sin table computed per position by scalar libm (an entry never
   depends on how many positions a call asks for);
-* attention -> `kernels.masked_attention`, registered with transformers' `AttentionInterface` as
+* attention -> `hf.attention.masked_attention`, registered with transformers' `AttentionInterface` as
   "exactspec" and selected through `config._attn_implementation`; its mask function always
   materializes the boolean mask, so padding and sliding windows are honoured key by key.
 Elementwise adds and multiplies (residuals, rotary mix) stay in torch: they are correctly rounded.
@@ -46,8 +48,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import kernels
-from .errors import InvalidRequest, UnsupportedModelError
+from .. import kernels
+from ..errors import InvalidRequest, UnsupportedModelError
+from .attention import masked_attention
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -230,7 +233,7 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     S = key.shape[2]
     mask = _mask_array(attention_mask, T, S)
     scale = scaling if scaling is not None else D ** -0.5
-    out = kernels.masked_attention(query.float(), key.float(), value.float(), mask, scale)
+    out = masked_attention(query.float(), key.float(), value.float(), mask, scale)
     return out.to(query.dtype), None
 
 

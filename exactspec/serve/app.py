@@ -34,15 +34,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from starlette.exceptions import HTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from . import chat
-from .api import Model
-from .drafters import Drafter
+from ..text import chat
+from ..api import Model
+from ..decode.drafters import Drafter
 from .engine import Engine, EngineDown, Event, Job, QueueFull
-from .errors import ExactSpecError, InvalidRequest
+from ..errors import ExactSpecError, InvalidRequest
 from .protocol import (DONE, APIError, ChatRequest, CompletionRequest, Shapes, _Sampling, chat_logprobs,
                        completion_logprobs, error_body, refuse_unsupported, sse, usage, validation_message)
-from .request import DraftLength, Request
-from .tokenizer import StopMatcher, StreamDecoder
+from ..decode.request import DraftLength, Request
+from ..text.stream import StopMatcher, StreamDecoder
 
 log = logging.getLogger("exactspec.server")
 FAULT_MARKER = "EXACTSPEC_FAULT_MARKER"  # env var (tests, bench/load.py): prompts containing it fail in the engine
@@ -526,7 +526,7 @@ def uvicorn_config(app, host: str, port: int, opts: ServeOptions):
     """uvicorn with the limits for slow or many clients: idle keep-alive and request-read timeouts,
     a connection limit (503 above), 16 KB of headers at most."""
     import uvicorn
-    from .slow_clients import ReadTimeoutH11
+    from .asgi import ReadTimeoutH11
     proto = type("ReadTimeoutH11", (ReadTimeoutH11,), {"read_timeout_s": opts.read_timeout})
     return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2,
                           timeout_keep_alive=max(1, round(opts.keep_alive)), limit_concurrency=opts.max_connections,

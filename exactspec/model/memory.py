@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 
 def available_bytes() -> int | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from .errors import CheckpointError, WeightError
+from ..errors import CheckpointError, WeightError
 
 
 def shard_files(folder: Path) -> list[Path]:

@@ -10,7 +10,7 @@ import json
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .errors import ContextLengthError, InvalidRequest
+from ..errors import ContextLengthError, InvalidRequest
 
 # our field names (request.make_request) -> OpenAI's
 WIRE_NAMES = {"max_new_tokens": "max_tokens", "token_ids": "prompt"}

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import ray
 from ray import serve
 
-from .api import Model
-from .drafters import LookupDrafter
-from .kernels import set_num_threads
-from .server import ServeOptions, Server
+from ..api import Model
+from ..decode.drafters import LookupDrafter
+from ..kernels import set_num_threads
+from .app import ServeOptions, Server
 
 
 @dataclass(frozen=True)

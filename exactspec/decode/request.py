@@ -13,21 +13,12 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from .errors import ContextLengthError, InvalidRequest
+from ..errors import ContextLengthError, InvalidRequest
+from ..model.config import Limits
 from .sampling import SamplingParams
 
 
 MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's API allows
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What a request is checked against: the target's vocabulary and its context (max_context),
-    and what a server allows (stop strings: how many, how long; None = no limit)."""
-    vocab_size: int
-    max_context: int
-    max_stops: int | None = None
-    max_stop_chars: int | None = None
 
 
 class DraftLength:

@@ -18,8 +18,8 @@ from typing import Callable
 import torch
 
 from .drafters import Drafter
-from .errors import GenerationError
-from .model import Rows, Transformer
+from ..errors import GenerationError
+from ..model.transformer import Rows, Transformer
 from .request import Request
 from .sampling import TokenLogprob, pick, pick_rows, processed_logits, token_logprobs
 

@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 if TYPE_CHECKING:
-    from .tokenizer import Tokenizer
+    from ..text.tokenizer import Tokenizer
 
 # what a checkpoint folder needs; nothing else of a repo (other weights formats, images) is fetched
 PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt"]
@@ -51,7 +51,7 @@ def is_gguf(path: Path) -> bool:
 def load_tokenizer(source: str | Path) -> "Tokenizer | None":
     """The tokenizer of a folder (tokenizer.json) or GGUF file (its metadata); None if it has none."""
     from .gguf_file import GGUFFile
-    from .tokenizer import Tokenizer
+    from ..text.tokenizer import Tokenizer
     path = resolve(source)
     if is_gguf(path):
         return GGUFFile(path).tokenizer()

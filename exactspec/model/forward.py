@@ -1,14 +1,14 @@
 """The whole transformer forward as one compiled call (numba), on stacked per-layer weights.
 
 Contract: `forward(...)` returns bitwise the logits of `Transformer.forward_ref` (the readable
-forward in model.py, one kernel call per step): every step here is the same helper from
-kernels.py / tile.py with the same operands in the same order; fusing only removes the calls,
+forward in transformer.py, one kernel call per step): every step here is the same helper from
+kernels/ (rows.py, linear.py, tile.py, attention.py) with the same operands in the same order; fusing only removes the calls,
 the torch<->numpy glue and the allocations between them. Two fusions change where, not how, a value
 is computed:
 * o-proj and down-proj add the residual in their store (x + (chain + bias), as `x + linear(a)`);
 * gate/up blocks are interleaved (gate block c, then up block c) so one task has both halves of
   intermediate columns c*NL .. c*NL+NL-1 and stores silu(g) * u with `silu_mul`'s expression
-  (`kernels._linear_block`, mode SWIGLU).
+  (`kernels.linear._linear_block`, mode SWIGLU).
 Threads (prange) split output blocks of each linear and (row, head) pairs of attention, never one
 reduction, so the result does not depend on the thread count; the serial build (small calls)
 compiles the same source.
@@ -21,9 +21,12 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from . import kernels as K
-from . import tile
-from .kernels import PackedWeight
+from ..kernels.attention import _attend_task
+from ..kernels.layout import LAYOUTS, NL, QK
+from ..kernels.linear import ADD, STORE, SWIGLU, _linear_block
+from ..kernels.pack import PackedWeight
+from ..kernels.rows import _qkv_rope_cache, _rmsnorm
+from ..kernels.threads import TwoBuilds
 
 
 def _embed(table, tokens, x):
@@ -52,9 +55,8 @@ def _f16(lo, hi):
 
 @overload(_embed)
 def _embed_impl(table, tokens, x):
-    if table.dtype == types.uint8:  # a quantized format, told by its group size (tile.FORMATS' layouts)
-        QK, NL = tile.QK, tile.NL
-        F8, F4, F41, FK = (tile.FORMATS[f] for f in ("q8_0", "q4_0", "q4_1", "q4_k"))
+    if table.dtype == types.uint8:  # a quantized format, told by its group size (kernels/layout.py)
+        F8, F4, F41, FK = (LAYOUTS[f] for f in ("q8_0", "q4_0", "q4_1", "q4_k"))
         GB8, GB41, GBK = F8.group_bytes, F41.group_bytes, FK.group_bytes
         assert len({GB8, F4.group_bytes, GB41, GBK}) == 4
         D8, D4, M, SC, MN = F8.d_at, F4.d_at, FK.m_at, FK.sc_at, FK.mn_at  # the 4-bit formats share these
@@ -73,7 +75,7 @@ def _embed_impl(table, tokens, x):
                     if k_quant:  # d * sc and -(dmin * mn): exact
                         d = d * np.float32(grp[SC + j])
                         m = -(m * np.float32(grp[MN + j]))
-                    for kk in range(QK):  # quant.py's expressions
+                    for kk in range(QK):  # kernels/quant.py's expressions
                         if four:
                             byte = np.int32(grp[kk * (NL // 2) + j % (NL // 2)])
                             q = byte >> 4 if j >= NL // 2 else byte & 15
@@ -128,31 +130,31 @@ def _forward(tokens, embed, slot, pos, out_rows, attn_norm, wqkv, bqkv, q_norm, 
     a3 = a.reshape((R, Hq, D))  # the same memory, per head
     act = np.empty((R, I), np.float32)
     for i in range(L):
-        K._rmsnorm(x, attn_norm[i], eps, h)
+        _rmsnorm(x, attn_norm[i], eps, h)
         for b in prange(wqkv.shape[1]):
-            K._linear_block(h, wqkv[i], bqkv[i], qkv, b, K.STORE)
-        K._qkv_rope_cache(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos, sin, slot, pos, kc[i], vc[i], q)
+            _linear_block(h, wqkv[i], bqkv[i], qkv, b, STORE)
+        _qkv_rope_cache(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos, sin, slot, pos, kc[i], vc[i], q)
         for t in prange(R * Hq):
-            K._attend_task(t, q, kc[i], vc[i], slot, pos, scale, window, a3)
+            _attend_task(t, q, kc[i], vc[i], slot, pos, scale, window, a3)
         for b in prange(wo.shape[1]):
-            K._linear_block(a, wo[i], bo[i], x, b, K.ADD)
-        K._rmsnorm(x, mlp_norm[i], eps, h)
+            _linear_block(a, wo[i], bo[i], x, b, ADD)
+        _rmsnorm(x, mlp_norm[i], eps, h)
         for c in prange(wgu.shape[1] // 2):
-            K._linear_block(h, wgu[i], bgu[i], act, c, K.SWIGLU)
+            _linear_block(h, wgu[i], bgu[i], act, c, SWIGLU)
         for b in prange(wdown.shape[1]):
-            K._linear_block(act, wdown[i], bdown[i], x, b, K.ADD)
+            _linear_block(act, wdown[i], bdown[i], x, b, ADD)
     n = out_rows.shape[0]
     hf = np.empty((n, H), np.float32)
     xs = np.empty((n, H), np.float32)
     for r in range(n):
         xs[r] = x[out_rows[r]]
-    K._rmsnorm(xs, norm, eps, hf)
+    _rmsnorm(xs, norm, eps, hf)
     for b in prange(head.shape[0]):
-        K._linear_block(hf, head, np.empty(0, np.float32), logits, b, K.STORE)
+        _linear_block(hf, head, np.empty(0, np.float32), logits, b, STORE)
     return logits
 
 
-_FORWARD = K.TwoBuilds(_forward)
+_FORWARD = TwoBuilds(_forward)
 SERIAL_FORWARD = 1 << 19  # multiply-adds per forward below which one thread runs it all (~50 us)
 
 

@@ -1,0 +1,44 @@
+"""Batch-invariant CPU kernels (numba), each with a plain torch reference twin.
+
+Contract: every floating-point reduction here runs in an order fixed by the row's own data and
+the model's shape, never by the number of rows in the call, the batch, the cache length, the
+thread count or the CPU. How that is achieved:
+
+* No `fastmath`: LLVM may not reassociate, and may not contract a multiply and an add into an FMA
+  on its own, so the order written in the source *is* the order computed, whatever the compiler
+  vectorizes.
+* FMA only where the source says so: the linear kernel's register tile (kernels/tile.py) calls
+  `llvm.fma` explicitly. An FMA is one correctly rounded IEEE operation, the same bits with or
+  without an FMA unit (LLVM falls back to libm's fmaf), so it is as exact as a mul then an add,
+  and it halves the vector ops. Allowed because every output is the *same* chain,
+  acc = fma(x[m, k], w[n, k], acc) for k = 0, 1, ..., K-1 from +0.0, for every row count, tile
+  height, thread count and vector width. `linear_ref` computes that chain in plain torch (a
+  round-to-odd float64 FMA, `fma_ref`) and matches it bitwise; tests also compile the kernels for
+  other CPUs (tests/test_cross_cpu.py) and check a golden record (tests/golden.json).
+* Vectorization only across independent outputs (lanes), never along a reduction: a wider or
+  narrower vector (SSE, AVX2, AVX-512) splits lanes differently but never changes a lane's chain.
+* Threads (numba prange) split outputs: weight blocks, rows, (row, head) pairs. One output is
+  always computed by one thread, start to end.
+* Transcendentals (exp) are scalar libm calls in loops indexed by a row's own positions, so an
+  element never switches between a vector body and a scalar tail. SVML is disabled in
+  `exactspec/__init__.py` before numba is imported.
+* Everything except the linear kernel (norms, attention, rope, softmax) uses plain mul and add.
+
+Rooms: `quant` (each format's weight value), `layout` (the packed byte layout), `cpu` (what the
+target has: speed only), `tile` (the register tile in LLVM IR), `pack` (weights into that layout),
+`linear`, `rows` (norms, SwiGLU, rotary, softmax), `attention`, `threads` (pool size, serial/parallel
+builds).
+"""
+from .attention import attention, attention_ref
+from .linear import ADD, STORE, SWIGLU, fma_ref, linear, linear_np, linear_ref
+from .pack import PackedWeight, pack_quant, pack_weight
+from .rows import (cumsum, log_softmax, qkv_rope_cache, rmsnorm, rmsnorm_np, rmsnorm_ref, rope_table, silu_mul,
+                   silu_mul_np, silu_mul_ref, softmax)
+from .threads import SERIAL_WORK, TwoBuilds, set_num_threads
+from .cpu import MR_MAX
+from .layout import NL
+
+__all__ = ["attention", "attention_ref", "ADD", "STORE", "SWIGLU", "fma_ref", "linear", "linear_np", "linear_ref",
+           "PackedWeight", "pack_quant", "pack_weight", "cumsum", "log_softmax", "qkv_rope_cache", "rmsnorm",
+           "rmsnorm_np", "rmsnorm_ref", "rope_table", "silu_mul", "silu_mul_np", "silu_mul_ref", "softmax",
+           "SERIAL_WORK", "TwoBuilds", "set_num_threads", "MR_MAX", "NL"]

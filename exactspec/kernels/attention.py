@@ -1,0 +1,105 @@
+"""Attention of each new row over its own sequence's cache (and `_attend`, the one row's
+arithmetic, shared with the transformers-layout masked attention of exactspec.hf)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from .threads import SERIAL_WORK, TwoBuilds
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention of each new row over its own sequence's cache.
+# Row r (slot s, position p) attends to keys j in [max(0, p - window + 1), p]: the set and the
+# order depend on p alone, never on the cache length or capacity or the other rows.
+# Scores are vectorized across keys (k cache stored transposed, (D, C)), summed over d in order;
+# softmax max is exact; exp sum and the weighted sum of values run over j ascending.
+# ---------------------------------------------------------------------------------------------
+
+_ALL = np.empty(0, np.uint8)  # "no mask": every key in the range is attended
+
+
+@njit(inline="always")
+def _attend(qv, kk, vv, j0, n, mrow, scale, o):
+    # One query row over keys j0 .. j0+n-1 of kk (D, C) and vv (C, D); mrow (C,) uint8 with
+    # 1 = attend, or empty = all. Scores summed over d in order, vectorized across keys; exact max;
+    # exp, its sum and the weighted sum of values over keys ascending. Keys the mask excludes are
+    # scored but never enter the max, the sum or the output.
+    every = mrow.shape[0] == 0
+    sc = np.zeros(n, np.float32)
+    for d in range(qv.shape[0]):
+        qd = qv[d]
+        krow = kk[d]
+        for j in range(n):
+            sc[j] += qd * krow[j0 + j]
+    mx = np.float32(-np.inf)
+    for j in range(n):
+        sc[j] = sc[j] * scale
+        if (every or mrow[j0 + j] != 0) and sc[j] > mx:
+            mx = sc[j]
+    o[:] = 0.0
+    l = np.float32(0.0)
+    for j in range(n):
+        if every or mrow[j0 + j] != 0:
+            e = np.float32(math.exp(sc[j] - mx))
+            l += e
+            vr = vv[j0 + j]
+            for d in range(o.shape[0]):
+                o[d] += e * vr[d]
+    for d in range(o.shape[0]):
+        o[d] = o[d] / l
+
+
+@njit(inline="always")
+def _attend_task(t, q, kt, v, slot, pos, scale, window, out):
+    # Task t = (row r, query head h): row r at position p of slot s over its keys j0..p.
+    Hq = q.shape[1]
+    r = t // Hq
+    h = t % Hq
+    s = slot[r]
+    p = pos[r]
+    j0 = 0
+    if window > 0 and p - window + 1 > 0:
+        j0 = p - window + 1
+    g = h // (Hq // kt.shape[1])
+    _attend(q[r, h], kt[s, g], v[s, g], j0, p + 1 - j0, _ALL, scale, out[r, h])
+
+
+@njit(parallel=True, cache=True)
+def _attention(q, kt, v, slot, pos, scale, window, out):
+    for t in prange(q.shape[0] * q.shape[1]):
+        _attend_task(t, q, kt, v, slot, pos, scale, window, out)
+    return out
+
+
+_ATTENTION = TwoBuilds(_attention)
+
+
+def attention(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
+              scale: float, window: int = 0) -> torch.Tensor:
+    """q (R, Hq, D); kt (S, Hkv, D, C); v (S, Hkv, C, D); slot, pos (R,) int64 -> (R, Hq, D)."""
+    out = torch.empty_like(q)
+    if q.shape[0]:
+        R, Hq, D = q.shape
+        work = R * Hq * D * (int(pos.max()) + 1) * 2
+        _ATTENTION.run(work, SERIAL_WORK, q.contiguous().numpy(), kt.numpy(), v.numpy(), slot.numpy(), pos.numpy(),
+                       np.float32(scale), window, out.numpy())
+    return out
+
+
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor:
+    """One sequence, float64: q (T, Hq, D) at positions 0..T-1, k/v (T, Hkv, D)."""
+    T, Hq, D = q.shape
+    grp = Hq // k.shape[1]
+    k = k.double().repeat_interleave(grp, dim=1)
+    v = v.double().repeat_interleave(grp, dim=1)
+    s = torch.einsum("thd,jhd->htj", q.double(), k) * scale
+    i = torch.arange(T)
+    mask = i[None, :] > i[:, None]
+    if window > 0:
+        mask |= i[None, :] <= i[:, None] - window
+    s = s.masked_fill(mask, float("-inf")).softmax(-1)
+    return torch.einsum("htj,jhd->thd", s, v).float()

@@ -1,0 +1,63 @@
+"""The packed byte layout of quantized weights: per block of NL output lanes and group of QK k's, the
+quants, then the lanes' float16 scales (and minimums, sub-scales). Shared by the packer (pack.py),
+the register tile (tile.py) and the embedding lookup (model/forward.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .quant import QK  # k's per quantization group
+
+NL = 32  # output lanes per packed block (2 vectors of 16)
+
+
+@dataclass(frozen=True)
+class Format:
+    """A quantized layout: per block and group of QK k's, `qbits`-bit quants (k-major, lane-minor;
+    4-bit: byte j of a k-row holds lane j in its low nibble and lane j + 16 in its high one), then
+    NL float16 scales d, then (has_min) NL float16 minimums m, then (sub_scales, Q4_K) NL uint8 group
+    scales sc and NL uint8 group minimums mn. Dequantized weight: q8_0: f32(d) * f32(q) (q int8);
+    q4_0: f32(d) * f32(q - 8); q4_1: fma(f32(q), f32(d), f32(m)); q4_k: fma(f32(q), f32(d) * f32(sc),
+    -(f32(m) * f32(mn))) -- every product is exact in float32 (at most 11 + 8 significant bits), so
+    each is the gguf package's value (kernels/quant.py), and a sum rounds once whether fused or not."""
+    name: str
+    qbits: int
+    has_min: bool
+    sub_scales: bool = False
+
+    @property
+    def row_bytes(self) -> int:  # one k-row of a block's quants
+        return NL * self.qbits // 8
+
+    # Byte offsets in a group: d (NL float16) after the quants, then m (NL float16), sc and mn (NL uint8 each).
+    @property
+    def d_at(self) -> int:
+        return QK * self.row_bytes
+
+    @property
+    def m_at(self) -> int:
+        return self.d_at + 2 * NL
+
+    @property
+    def sc_at(self) -> int:
+        return self.m_at + 2 * NL
+
+    @property
+    def mn_at(self) -> int:
+        return self.sc_at + NL
+
+    @property
+    def group_bytes(self) -> int:
+        return self.mn_at + NL if self.sub_scales else self.sc_at if self.has_min else self.m_at
+
+
+LAYOUTS = {f.name: f for f in (Format("q8_0", 8, False), Format("q4_0", 4, False), Format("q4_1", 4, True),
+                               Format("q4_k", 4, True, True))}
+GROUP_BYTES = LAYOUTS["q8_0"].group_bytes  # Q8_0 weights are uint8 (nblk, K/QK, GROUP_BYTES)
+
+
+def record_dtype(fmt: str):
+    """The numpy dtype of one group of a 4-bit format: a record whose one field is named by the format
+    (so the kernel's type tells the format; Q8_0 is plain uint8 with a last axis of GROUP_BYTES)."""
+    return np.dtype([(fmt, np.uint8, (LAYOUTS[fmt].group_bytes,))])

@@ -1,0 +1,116 @@
+"""Linear: y[m, n] = fma(x[m, K-1], w[n, K-1], ... fma(x[m, 0], w[n, 0], +0.0)) (+ b[n]): one FMA
+chain per output, k ascending (the register tile, tile.py), for every row count, tile height and
+thread count. Threads split output blocks. `linear_ref` is the plain torch twin."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from . import tile
+from .cpu import MR_MAX
+from .layout import NL
+from .pack import PackedWeight
+from .threads import SERIAL_WORK, TwoBuilds
+
+
+# _linear_block's epilogues: y = x @ w.T + bias; y += that (a residual); or, on interleaved gate/up
+# blocks (gate block c at 2c, up block c at 2c + 1, bias (2I,) gate then up), y = silu(gate) * up
+# with silu_mul's expression.
+STORE, ADD, SWIGLU = 0, 1, 2
+
+
+@njit(inline="always")
+def _tile_height(M, m0, i, ntiles):
+    # Rows of tile i when M rows are split into ntiles tiles as evenly as possible (11 -> 6 + 5).
+    return (M - m0 + ntiles - i - 1) // (ntiles - i)
+
+
+@njit(inline="always")
+def _linear_block(x, w, bias, y, b, mode):
+    # Output block b (NL columns of y) for every row of x, in tiles of at most MR_MAX rows: each
+    # weight vector is read once per tile, the rows' chains never mix.
+    M = x.shape[0]
+    n0 = b * NL
+    nb = min(NL, y.shape[1] - n0)
+    buf = np.empty((2, MR_MAX, NL), np.float32)
+    t = buf[0]
+    u = buf[1]  # SWIGLU: the up half
+    ntiles = (M + MR_MAX - 1) // MR_MAX
+    m0 = 0
+    for i in range(ntiles):
+        mr = _tile_height(M, m0, i, ntiles)
+        if mode == SWIGLU:
+            tile.run_tile(mr, x, m0, w, 2 * b, t)
+            tile.run_tile(mr, x, m0, w, 2 * b + 1, u)
+        else:
+            tile.run_tile(mr, x, m0, w, b, t)
+        for m in range(mr):
+            for j in range(nb):
+                v = t[m, j]
+                if bias.shape[0] > 0:
+                    v = v + bias[n0 + j]
+                if mode == SWIGLU:
+                    uv = u[m, j]
+                    if bias.shape[0] > 0:
+                        uv = uv + bias[y.shape[1] + n0 + j]
+                    y[m0 + m, n0 + j] = v / (np.float32(1.0) + np.float32(math.exp(-v))) * uv
+                elif mode == ADD:
+                    y[m0 + m, n0 + j] = y[m0 + m, n0 + j] + v
+                else:
+                    y[m0 + m, n0 + j] = v
+        m0 += mr
+
+
+@njit(parallel=True, cache=True)
+def _linear(x, w, bias, y):
+    for b in prange(w.shape[0]):
+        _linear_block(x, w, bias, y, b, STORE)
+    return y
+
+
+_LINEAR = TwoBuilds(_linear)
+
+
+def linear_np(x: np.ndarray, w: PackedWeight) -> np.ndarray:
+    """x (M, K) float32 C-contiguous -> (M, N) float32."""
+    y = np.empty((x.shape[0], w.n), np.float32)
+    if x.shape[0]:
+        if w.k == 0:  # an empty chain: +0.0 (+ bias), as the twin
+            y[:] = w.bias if w.bias.shape[0] else 0.0
+            return y
+        _LINEAR.run(x.shape[0] * w.n * w.k, SERIAL_WORK, x, w.data, w.bias, y)
+    return y
+
+
+def linear(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """x (M, K) float32 -> (M, N) float32."""
+    return torch.from_numpy(linear_np(x.contiguous().numpy(), w))
+
+
+def fma_ref(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded float32 a * b + c (IEEE fusedMultiplyAdd), in plain torch.
+
+    a * b is exact in float64 (24 + 24 bits < 53); the sum is computed in float64 with round-to-odd
+    (TwoSum gives its exact error; an inexact even result steps one ulp towards the error), and a
+    round-to-odd value with >= 2 extra bits rounds to float32 exactly as the exact sum would."""
+    p = a.double() * b.double()
+    c = c.double()
+    s = p + c
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)
+    even = (s.view(torch.int64) & 1) == 0
+    toward = torch.where(err > 0, torch.full_like(s, math.inf), torch.full_like(s, -math.inf))
+    s = torch.where((err != 0) & even, torch.nextafter(s, toward), s)
+    return s.float()
+
+
+def linear_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Torch twin of `linear`: the same chain per output, acc = fma(x[:, k], w[:, k], acc), k ascending."""
+    w = w.float()
+    y = torch.zeros(x.shape[0], w.shape[0])
+    for k in range(w.shape[1]):
+        y = fma_ref(x[:, k:k + 1].expand_as(y), w[:, k].expand_as(y), y)
+    return y if bias is None else y + bias.float()

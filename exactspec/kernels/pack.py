@@ -1,0 +1,118 @@
+"""Weights into the kernels' layout: (N, K) -> (ceil(N/NL), K, NL) blocks of NL output lanes, float32,
+bfloat16 bits, or a quantized format kept quantized (kernels/layout.py), and back (`unpack`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import quant
+from .layout import LAYOUTS, NL, QK, record_dtype
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A (N, K) weight packed as (ceil(N/NL), K, NL) so each thread task reads one contiguous block.
+
+    `data` is float32, or uint16 holding bfloat16 bits (widened exactly in the kernel), or a
+    quantized format kept quantized (`pack_quant`, dequantized in registers): per block and group of
+    32 k's, the quants (k-major, lane-minor) then the lanes' float16 scales (and minimums); Q8_0 as
+    uint8 (ceil(N/NL), K/32, layout.GROUP_BYTES), the 4-bit formats as records (ceil(N/NL), K/32) whose one
+    field names the format (layout.record_dtype). `bias` is float32 (N,) or an empty array.
+    """
+    data: np.ndarray
+    n: int
+    k: int
+    bias: np.ndarray
+
+    @property
+    def fmt(self) -> str:
+        """"f32", "bf16", or the quantized format (quant.FORMATS)."""
+        dt = self.data.dtype
+        if dt.names:
+            return dt.names[0]
+        return {np.dtype(np.float32): "f32", np.dtype(np.uint16): "bf16", np.dtype(np.uint8): "q8_0"}[dt]
+
+    @property
+    def quantized(self) -> bool:
+        return self.fmt in quant.FORMATS
+
+    def unpack(self) -> torch.Tensor:
+        """(N, K) float32: the weight as the kernel sees it (for references and tests)."""
+        d = self.data
+        if self.quantized:
+            return torch.from_numpy(_unpack_quant(d, self.fmt).dequantize()[: self.n])
+        if self.fmt == "bf16":
+            d = (d.astype(np.uint32) << 16).view(np.float32)
+        return torch.from_numpy(np.ascontiguousarray(d.transpose(0, 2, 1).reshape(-1, self.k)[: self.n]))
+
+
+def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
+    """Pack a (N, K) float32 or bfloat16 tensor. Zero-pads N up to a multiple of NL."""
+    n, k = w.shape
+    nblk = (n + NL - 1) // NL
+    if w.dtype == torch.bfloat16:
+        src, dt = w.contiguous().view(torch.int16).numpy().view(np.uint16), np.uint16
+    elif w.dtype == torch.float32:
+        src, dt = w.contiguous().numpy(), np.float32
+    else:
+        raise TypeError(f"pack_weight: dtype {w.dtype} (float32 or bfloat16 expected)")
+    padded = np.zeros((nblk * NL, k), dt)
+    padded[:n] = src
+    data = np.ascontiguousarray(padded.reshape(nblk, NL, k).transpose(0, 2, 1))  # (nblk, K, NL)
+    b = np.empty(0, np.float32) if bias is None else bias.float().contiguous().numpy().copy()
+    return PackedWeight(data, n, k, b)
+
+
+def _lanes(a: np.ndarray, nblk: int) -> np.ndarray:
+    """(n, G) per-row group values -> (nblk, G, NL): zero-padded to nblk*NL rows, lane-minor."""
+    p = np.zeros((nblk * NL,) + a.shape[1:], a.dtype)
+    p[: a.shape[0]] = a
+    return p.reshape(nblk, NL, -1).transpose(0, 2, 1)
+
+
+def pack_quant(w: quant.Quantized, bias: torch.Tensor | None = None) -> PackedWeight:
+    """Pack a quantized weight kept quantized (LAYOUTS: quants k-major and lane-minor, then the
+    lanes' float16 scales, then minimums). Zero-pads N up to a multiple of NL (scale 0)."""
+    n, k = w.shape
+    if k % QK:
+        raise ValueError(f"pack_quant: rows of {k} are not whole groups of {QK}")
+    F = LAYOUTS[w.fmt]
+    nblk, G = (n + NL - 1) // NL, k // QK
+    data = np.empty((nblk, G, F.group_bytes), np.uint8)
+    q = _lanes(w.q.reshape(n, k).view(np.uint8), nblk).reshape(nblk, G, QK, NL)  # (nblk, G, QK, NL)
+    if F.qbits == 4:  # byte j of a k-row: lane j low nibble, lane j + 16 high nibble
+        q = q[..., : NL // 2] | (q[..., NL // 2:] << 4)
+    data[:, :, :F.d_at] = q.reshape(nblk, G, F.d_at)
+    data[:, :, F.d_at: F.m_at] = _lanes(w.d, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
+    if F.has_min:
+        data[:, :, F.m_at: F.sc_at] = _lanes(w.m, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
+    if F.sub_scales:
+        data[:, :, F.sc_at: F.mn_at] = _lanes(w.sc, nblk)
+        data[:, :, F.mn_at:] = _lanes(w.mn, nblk)
+    if F.qbits == 4:
+        data = data.view(record_dtype(w.fmt))[:, :, 0]
+    b = np.empty(0, np.float32) if bias is None else bias.float().contiguous().numpy().copy()
+    return PackedWeight(data, n, k, b)
+
+
+def _unpack_quant(data: np.ndarray, fmt: str) -> quant.Quantized:
+    """pack_quant's inverse (all nblk*NL rows)."""
+    F = LAYOUTS[fmt]
+    raw = np.ascontiguousarray(data).view(np.uint8)
+    nblk, G = data.shape[:2]
+    raw = raw.reshape(nblk, G, F.group_bytes)
+    q = raw[:, :, :F.d_at].reshape(nblk, G, QK, F.row_bytes)
+    if F.qbits == 4:
+        q = np.concatenate([q & 15, q >> 4], axis=3)
+    else:
+        q = q.view(np.int8)
+
+    def rows(a):  # (nblk, G, X, NL) -> (nblk*NL, G*X)
+        return np.ascontiguousarray(a.transpose(0, 3, 1, 2)).reshape(nblk * NL, -1)
+    d = rows(raw[:, :, F.d_at: F.m_at].copy().view(np.float16)[:, :, None, :])
+    m = rows(raw[:, :, F.m_at: F.sc_at].copy().view(np.float16)[:, :, None, :]) if F.has_min else None
+    sc = rows(raw[:, :, None, F.sc_at: F.mn_at]) if F.sub_scales else None
+    mn = rows(raw[:, :, None, F.mn_at:]) if F.sub_scales else None
+    return quant.Quantized(fmt, rows(q), d, m, sc, mn)

@@ -1,0 +1,43 @@
+"""Threads: the pool's size, and each parallel kernel's serial twin for calls too small to wake it.
+Threads only ever split outputs (weight blocks, rows, (row, head) pairs), so neither changes a bit."""
+from __future__ import annotations
+
+import types
+
+import numba
+import torch
+from numba import njit
+
+from ..errors import InvalidRequest
+
+SERIAL_WORK = 1 << 18  # multiply-adds below which a call runs on the calling thread (~30 us)
+
+
+def set_num_threads(n: int) -> None:
+    """Threads for our kernels and for torch's (elementwise) ops. Results do not depend on it."""
+    most = numba.config.NUMBA_NUM_THREADS
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= most:
+        raise InvalidRequest(f"threads={n!r}: must be an integer from 1 to {most} (numba's thread pool; "
+                             "NUMBA_NUM_THREADS raises it)", "threads")
+    numba.set_num_threads(n)
+    torch.set_num_threads(n)
+
+
+class TwoBuilds:
+    """A parallel kernel and the same source compiled without threads, for calls too small to pay
+    a thread-pool wake-up: `run(work, limit, *args)` takes the serial build below `limit`
+    multiply-adds. Without fastmath the compiler must keep every rounding as written, so the two
+    builds give the same bits (tests compare rows across the switch).
+
+    The serial copy gets its own name: numba's disk cache keys entries by function name, line and
+    signature, not by the `parallel` flag, so a same-named serial build would load the cached
+    parallel machine code (or the reverse)."""
+
+    def __init__(self, parallel_kernel):
+        f = parallel_kernel.py_func
+        g = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial", f.__defaults__, f.__closure__)
+        g.__qualname__ = f.__qualname__ + "_serial"
+        self.parallel, self.serial = parallel_kernel, njit(cache=True)(g)
+
+    def run(self, work: int, limit: int, *args):
+        return (self.serial if work < limit else self.parallel)(*args)
