@@ -1,6 +1,6 @@
 """exactspec vs Hugging Face transformers on the same checkpoint and prompts, in one run.
 
-    python bench/compare_hf.py [--target demo/target --draft demo/draft] [--max-new-tokens 128]
+    python bench/compare_hf.py [--target exactspec/assets/target --draft exactspec/assets/draft] [--max-new-tokens 128]
 
 For float32 and bfloat16: tokens/s of transformers' greedy `generate`, `generate(assistant_model=)`
 and `generate(prompt_lookup_num_tokens=)`, and of ours (plain, draft model, prompt lookup); the

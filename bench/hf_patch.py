@@ -2,7 +2,7 @@
 
     python bench/hf_patch.py [--model demo|0.5b|both] [--dtype bfloat16] [--tokens 128]
 
-demo: the shipped pair (demo/target 11M, demo/draft 1.65M), a real prompt.
+demo: the shipped pair (exactspec/assets/target 11M, exactspec/assets/draft 1.65M), a real prompt.
 0.5b: random weights in Qwen2.5-0.5B's shape (built in memory), drafter a random 2-layer model of
 the same vocabulary (so assisted generation mostly rejects: it measures verify cost) and prompt
 lookup (a random model loops, so lookup accepts).
@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def demo_pair(dtype: torch.dtype):
     import transformers as tf
-    t = tf.AutoModelForCausalLM.from_pretrained(ROOT / "demo/target", dtype=dtype).eval()
-    d = tf.AutoModelForCausalLM.from_pretrained(ROOT / "demo/draft", dtype=dtype).eval()
-    tok = tf.PreTrainedTokenizerFast(tokenizer_file=str(ROOT / "demo/target/tokenizer.json"))
+    t = tf.AutoModelForCausalLM.from_pretrained(ROOT / "exactspec/assets/target", dtype=dtype).eval()
+    d = tf.AutoModelForCausalLM.from_pretrained(ROOT / "exactspec/assets/draft", dtype=dtype).eval()
+    tok = tf.PreTrainedTokenizerFast(tokenizer_file=str(ROOT / "exactspec/assets/target/tokenizer.json"))
     ids = torch.tensor([tok.encode("import os\n\n\ndef main(argv):\n    parser = argparse.ArgumentParser(")])
     return t, d, ids
 

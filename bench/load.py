@@ -1,6 +1,6 @@
 """Load test of `exactspec serve`, on loopback only, bounded in requests and time.
 
-    python bench/load.py [--model demo/target] [--draft demo/draft] [--clients 16 64] [--requests 3]
+    python bench/load.py [--model exactspec/assets/target] [--draft exactspec/assets/draft] [--clients 16 64] [--requests 3]
                          [--disconnect-every 7] [--fault]
 
 Starts the server, then for each client count N: N concurrent streaming clients send --requests

@@ -22,7 +22,7 @@ from ray import serve
 
 import exactspec
 from exactspec.serve import ray as exact_ray
-from exactspec.serve.app import ServeOptions
+from exactspec.serve.options import ServeOptions
 from common import table
 from load import PROMPTS
 

@@ -5,7 +5,7 @@ its own greedy output; under exactspec.hf.patch it does not; exactspec's engine 
 
 SmolLM2-135M-Instruct (the demo model's GGUF, loaded by transformers itself and dequantized to
 --dtype), chat prompts, greedy vs prompt lookup (prompt_lookup_num_tokens=10) vs the shipped
-distilled draft as assistant_model (demo/smollm2-draft, when present). For each setting: how many
+distilled draft as assistant_model (exactspec/assets/smollm2-draft, when present). For each setting: how many
 prompts diverge from that run's plain greedy, and the first divergent token. Then `exactspec diff`'s
 explanation of the first unpatched divergence. eos is ignored so every run has --tokens tokens.
 """
@@ -87,7 +87,7 @@ def main() -> None:
     path = fetch.smollm2()
     dtype = getattr(torch, a.dtype)
     target = tf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
-    draft_dir = ROOT / "demo" / "smollm2-draft"
+    draft_dir = ROOT / "exactspec" / "assets" / "smollm2-draft"
     draft = tf.AutoModelForCausalLM.from_pretrained(draft_dir, dtype=dtype).eval() if draft_dir.is_dir() else None
     ours = exactspec.load(path, dtype=a.dtype, max_context=1024)
     msgs = PROMPTS[:a.prompts]

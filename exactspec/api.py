@@ -15,7 +15,7 @@ import torch
 from .jsonfile import read_json
 from .model.config import ModelConfig, load_config, token_ids
 from .decode.drafters import DraftModelDrafter, Drafter, LookupDrafter
-from .errors import CheckpointError, InvalidRequest, UnsupportedModelError
+from .errors import CheckpointError, GenerationError, InvalidRequest, UnsupportedModelError
 from .model.gguf_file import GGUFFile
 from .decode.loop import BatchStats, Stats, run_batch
 from .model.transformer import DTYPES, Rows, Transformer
@@ -135,7 +135,8 @@ class Model:
         Model sharing the tokenizer. The token ids never depend on draft, num_draft_tokens or
         the batch: only on the prompt, the sampling parameters and the seed. max_new_tokens=None:
         up to the context. seed=None: greedy ignores it; sampling draws a fresh one, reported in
-        stats.seed so the run can be replayed."""
+        stats.seed so the run can be replayed. If decoding fails inside (not the caller's input), raises
+        GenerationError (its `.results` hold every sequence's result, the others complete)."""
         if isinstance(prompts, (str, bytes)):
             raise InvalidRequest("generate_batch takes a list of prompts; use generate for one", "prompts")
         seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * len(prompts)
@@ -158,8 +159,17 @@ class Model:
             for i, st in enumerate(streams):
                 if piece := st.flush():
                     on_text(i, piece)
-        return [GenerationResult(s.generated, self.decode(s.generated), s.finish_reason, s.stats, batch,
-                                 s.logprobs if logprobs is not None else None) for s in seqs]
+        results = [GenerationResult(s.generated, self.decode(s.generated), s.finish_reason, s.stats, batch,
+                                    s.logprobs if logprobs is not None else None) for s in seqs]
+        failed = [i for i, s in enumerate(seqs) if s.finish_reason == "error"]
+        if failed:  # never a silently short answer: raise, the other sequences' results attached
+            i, s = failed[0], seqs[failed[0]]
+            where = "prompt" if len(seqs) == 1 else f"prompt {i}" + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else "")
+            err = GenerationError(f"{where}: decoding failed after {len(s.generated)} tokens "
+                                  f"({type(s.error).__name__}: {s.error})")
+            err.results = results  # every sequence's result; finish_reason "error" for the failed ones
+            raise err from s.error
+        return results
 
     def make_drafter(self, draft, confidence: float = 0.0, max_ngram: int = 3) -> Drafter | None:
         """The drafter for `draft`, checked against this target: None, "lookup", or a Model with

@@ -112,7 +112,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_diff(a: argparse.Namespace) -> int:
     import contextlib
-    from pathlib import Path
 
     from .hf import diff
     from .model.checkpoint import load_tokenizer
@@ -152,20 +151,13 @@ def cmd_diff(a: argparse.Namespace) -> int:
 def cmd_serve(a: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import os
-
-    from . import load
-    from . import set_num_threads
+    from . import load, set_num_threads
     from .decode.drafters import LookupDrafter
-    from .serve.app import ServeOptions, serve
+    from .serve.app import serve
+    from .serve.options import ServeOptions
     if a.threads is not None:
         set_num_threads(a.threads)
-    opts = ServeOptions(max_batch=a.max_batch, max_queue=a.max_queue, max_n=a.max_n, logprobs_mode=a.logprobs_mode,
-                        api_key=a.api_key or os.environ.get("EXACTSPEC_API_KEY") or None,
-                        protect_metrics=a.protect_metrics, max_body_bytes=a.max_body_bytes, max_stops=a.max_stops,
-                        max_stop_chars=a.max_stop_chars, max_prompt_chars=a.max_prompt_chars,
-                        allowed_hosts=tuple(a.allowed_hosts), max_connections=a.max_connections,
-                        keep_alive=a.keep_alive, read_timeout=a.read_timeout)
+    opts = ServeOptions.from_args(a)
     ray_flags = a.replicas != 1 or a.max_replicas is not None or a.ray_address is not None
     if ray_flags and not a.ray:
         raise InvalidRequest("--replicas, --max-replicas and --ray-address go with --ray", "ray")

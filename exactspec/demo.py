@@ -33,7 +33,9 @@ CHAT_PROMPTS = [  # (what it shows, user message)
 
 
 def demo_folder() -> Path:
-    return Path(__file__).resolve().parents[1] / "demo"
+    """The models shipped in the package (package data, so a wheel install has them too): the toy
+    pair (target/, draft/) and SmolLM2's distilled draft (smollm2-draft/)."""
+    return Path(__file__).resolve().parent / "assets"
 
 
 def run(folder: Path | None = None, max_new_tokens: int | None = None, k: int | str = "dynamic",

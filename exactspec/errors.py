@@ -40,7 +40,11 @@ class ContextLengthError(InvalidRequest):
 
 
 class GenerationError(ExactSpecError):
-    """Decoding failed for a reason that is not the caller's input (an internal error)."""
+    """Decoding failed for a reason that is not the caller's input (an internal error). From
+    `generate_batch`, `results` holds every sequence's GenerationResult (the failed ones with
+    finish_reason "error"), so the others are not lost."""
+
+    results: list | None = None
 
 
 InvalidArgumentError = InvalidRequest  # the earlier name, kept for callers that catch it

@@ -4,7 +4,7 @@ Offline by construction: the corpus is a folder of text/source files on disk (th
 running interpreter's own standard library, `Lib/`, which every machine has).
 
     exactspec distill --target DIR --corpus DIR --out DIR [--minutes 20]
-    python train/demo_pair.py --out demo/            (tokenizer + target + distilled draft)
+    python train/demo_pair.py --out exactspec/assets/            (tokenizer + target + distilled draft)
 """
 from __future__ import annotations
 

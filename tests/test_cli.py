@@ -1,18 +1,13 @@
 """`exactspec generate` end to end, as a user runs it."""
 import json
-import subprocess
-import sys
 
 import exactspec
-
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "exactspec.cli", *args], capture_output=True, text=True, timeout=300)
+from tests.helpers import run_cli
 
 
 def test_generate_json_equals_api(ckpt):
     d = str(ckpt("qwen2"))
-    r = _cli("generate", "--model", d, "--prompt", "def fibonacci(n):", "--max-new-tokens", "25", "--ignore-eos",
+    r = run_cli("generate", "--model", d, "--prompt", "def fibonacci(n):", "--max-new-tokens", "25", "--ignore-eos",
              "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -23,19 +18,19 @@ def test_generate_json_equals_api(ckpt):
 
 def test_generate_streams_text_and_prints_draft_stats(ckpt):
     d = str(ckpt("llama"))
-    plain = _cli("generate", "--model", d, "--prompt", "import os", "--max-new-tokens", "40", "--ignore-eos")
-    spec = _cli("generate", "--model", d, "--prompt", "import os", "--max-new-tokens", "40", "--ignore-eos",
+    plain = run_cli("generate", "--model", d, "--prompt", "import os", "--max-new-tokens", "40", "--ignore-eos")
+    spec = run_cli("generate", "--model", d, "--prompt", "import os", "--max-new-tokens", "40", "--ignore-eos",
                 "--draft", d, "--num-draft-tokens", "dynamic", "--threads", "1")
     assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
     assert plain.stdout == spec.stdout  # the same text, streamed
     assert "40 tokens" in spec.stderr and "accepted (100.0%)" in spec.stderr
-    look = _cli("generate", "--model", d, "--prompt", "import os", "--max-new-tokens", "40", "--ignore-eos",
+    look = run_cli("generate", "--model", d, "--prompt", "import os", "--max-new-tokens", "40", "--ignore-eos",
                 "--draft", "lookup", "--num-draft-tokens", "3", "--dtype", "bfloat16")
     assert look.returncode == 0 and "proposed" in look.stderr
 
 
 def test_serve_errors_are_one_line_exit_2(tmp_path):
-    r = _cli("serve", "--model", str(tmp_path / "missing"), "--port", "1")
+    r = run_cli("serve", "--model", str(tmp_path / "missing"), "--port", "1")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "missing: no such file or directory" in r.stderr
-    r = _cli("serve", "--model", str(tmp_path), "--max-batch", "0")
+    r = run_cli("serve", "--model", str(tmp_path), "--max-batch", "0")
     assert r.returncode == 2 and "--max-batch 0" in r.stderr

@@ -1,14 +1,13 @@
 """Bad input: a specific exception whose message names the file / tensor / parameter; CLI exit 2."""
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 import exactspec
+from tests.helpers import run_cli
 from exactspec import (CheckpointError, ContextLengthError, InvalidRequest, UnsupportedModelError,
                        WeightError)
 
@@ -214,20 +213,16 @@ def test_draft_with_another_vocabulary(ckpt):
         m.generate([3, 4], max_new_tokens=4, draft=other)
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "exactspec.cli", *args], capture_output=True, text=True, timeout=300)
-
-
 def test_cli_errors_are_one_line_exit_2(ckpt, tmp_path):
-    r = _cli("generate", "--model", str(tmp_path / "missing"), "--prompt", "x")
+    r = run_cli("generate", "--model", str(tmp_path / "missing"), "--prompt", "x")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "missing: no such file or directory" in r.stderr
-    r = _cli("generate", "--model", str(ckpt("llama")), "--prompt", "x", "--temperature", "-1")
+    r = run_cli("generate", "--model", str(ckpt("llama")), "--prompt", "x", "--temperature", "-1")
     assert r.returncode == 2 and "temperature=-1.0" in r.stderr and "Traceback" not in r.stderr
-    r = _cli("generate", "--model", str(ckpt("llama")), "--prompt", "x", "--draft", str(tmp_path))
+    r = run_cli("generate", "--model", str(ckpt("llama")), "--prompt", "x", "--draft", str(tmp_path))
     assert r.returncode == 2 and "config.json not found" in r.stderr
-    r = _cli("serve", "--model", str(ckpt("llama")), "--replicas", "2")  # a Ray flag without --ray
+    r = run_cli("serve", "--model", str(ckpt("llama")), "--replicas", "2")  # a Ray flag without --ray
     assert r.returncode == 2 and "--replicas, --max-replicas and --ray-address go with --ray" in r.stderr
-    r = _cli("serve", "--model", str(ckpt("llama")), "--ray", "--cpus-per-replica", "0")
+    r = run_cli("serve", "--model", str(ckpt("llama")), "--ray", "--cpus-per-replica", "0")
     assert r.returncode == 2 and "--cpus-per-replica 0: must be >= 1" in r.stderr and "Traceback" not in r.stderr
 
 

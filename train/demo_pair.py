@@ -5,7 +5,7 @@
 1. byte-level BPE tokenizer (HF tokenizers), vocabulary 4096, trained on Lib/**/*.py
 2. target: Llama, hidden 384, 6 layers, 6 heads / 2 KV heads, ~11M parameters
 3. draft: Llama, hidden 192, 2 layers, ~1.6M parameters, distilled from the target's logits
-Both saved as HF checkpoint folders with bfloat16 weights: demo/target, demo/draft.
+Both saved as HF checkpoint folders with bfloat16 weights: exactspec/assets/target, exactspec/assets/draft.
 A progress bar shows time left, loss and tokens/s. About 70 minutes on 2 cores with the defaults.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from exactspec import train as T  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="demo")
+    ap.add_argument("--out", default="exactspec/assets")
     ap.add_argument("--corpus", default=str(T.stdlib_folder()))
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--target-minutes", type=float, default=45)

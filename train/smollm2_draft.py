@@ -1,4 +1,4 @@
-"""The shipped draft for SmolLM2-135M-Instruct (demo/smollm2-draft), built offline on 2 cores:
+"""The shipped draft for SmolLM2-135M-Instruct (exactspec/assets/smollm2-draft), built offline on 2 cores:
 
 1. `exactspec distill` against SmolLM2 on the Python standard library + /usr/share/doc
    (KL to the target's logits + next-token CE; teacher = exactspec's own bf16 forward):
@@ -8,7 +8,7 @@
    chat prompts made from the standard library (one per documented function and module), then
    the distilled draft fine-tuned on those transcripts (next-token CE).
 
-    python train/smollm2_draft.py --init /tmp/distill/smollm2-draft --out demo/smollm2-draft \\
+    python train/smollm2_draft.py --init /tmp/distill/smollm2-draft --out exactspec/assets/smollm2-draft \\
         [--gen-minutes 12] [--train-minutes 15]
 """
 from __future__ import annotations

@@ -116,10 +116,8 @@ class Batch:
     of each newly added sequence and [last token] + drafts of each running one, in one forward;
     thanks to batch invariance no sequence's tokens depend on what else is in the batch."""
 
-    def __init__(self, target: Transformer, n_slots: int, capacity: int, drafter: Drafter | None = None,
-                 fault: Callable[[SeqState], None] | None = None):
+    def __init__(self, target: Transformer, n_slots: int, capacity: int, drafter: Drafter | None = None):
         self.target, self.drafter = target, drafter
-        self.fault = fault  # fault injection for tests: called for every sequence a step feeds; may raise
         self.capacity = min(capacity, target.max_context)
         self.cache = target.new_cache(n_slots, self.capacity)
         self._free = list(range(n_slots - 1, -1, -1))
@@ -208,9 +206,6 @@ class Batch:
             rows.add(s.slot, s.tokens, 0)
         for s, d in zip(old, drafts):  # [last token] + drafts at positions len-1, len, ...
             rows.add(s.slot, [s.tokens[-1]] + d, len(s.tokens) - 1, logits_from=0)
-        if self.fault is not None:
-            for s in new + old:
-                self.fault(s)
         return rows
 
     def _accept(self, new: list[SeqState], old: list[SeqState], drafts: list[list[int]],

@@ -17,16 +17,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from . import forward as F
 from .. import kernels as K
-from ..kernels import quant as Q
+from ..errors import UnsupportedModelError
+from . import forward as F
 from .cache import KVCache
 from .config import Limits, ModelConfig
-from ..errors import UnsupportedModelError
 from .memory import ensure_fits
+from .pack import DTYPES, Packer
 from .weights import TensorStore
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def int64s(xs) -> torch.Tensor:
@@ -84,93 +83,34 @@ def _quant_table(w: K.PackedWeight) -> np.ndarray:
 
 class Transformer:
     def __init__(self, cfg: ModelConfig, store: TensorStore, dtype: str, max_context: int, quant: str = "none"):
-        """quant: "none" (every weight as `dtype`), "keep" (linear weights the store holds in a block
-        format of quant.FORMATS stay so: GGUF files), or one of quant.QUANTIZERS (every linear weight
-        and the embedding quantized to it at load)."""
+        """quant: "none", "keep" or a quantizer (see pack.Packer)."""
         if dtype not in DTYPES:
             raise UnsupportedModelError(f"dtype={dtype!r} is not supported (float32, bfloat16)")
         self.cfg = cfg
         self.max_context = max_context
-        wd = DTYPES[dtype]
-        H, D, Hq, Hkv, I = cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size
+        H, D, Hq, Hkv = cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
         ensure_fits(2 * max_context * D * 4, f"RoPE tables for max_context={max_context}", "max_context")
         if cfg.n_layers < 1:
             raise UnsupportedModelError(f"num_hidden_layers={cfg.n_layers}: at least one layer is needed")
         if Hq % Hkv:
             raise UnsupportedModelError(f"num_attention_heads={Hq} is not a multiple of num_key_value_heads={Hkv}")
 
-        def norm(name: str, n: int) -> np.ndarray:
-            return store.get(name, (n,), torch.float32).contiguous().numpy()
-
-        def bias(name: str, n: int, present: bool) -> torch.Tensor | None:
-            return store.get(name, (n,), torch.float32) if present else None
-
-        # The format each kind of linear weight (qkv, o, gate+up, down, embed, head) is kept in: when
-        # keeping a file's formats, a kind stays quantized only if every layer's tensors of it share one
-        # (the kernel takes one format per stacked weight); otherwise it is `dtype`.
-        stored = store.quant_formats() if quant == "keep" and hasattr(store, "quant_formats") else {}
-
-        def kind_format(names: list[str]) -> str | None:
-            if quant in Q.FORMATS:
-                return quant
-            fmts = {stored.get(n) for n in names}
-            return fmts.pop() if len(fmts) == 1 and None not in fmts else None
-        layer_names = {"qkv": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-                       "o": ("self_attn.o_proj.weight",), "gate_up": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
-                       "down": ("mlp.down_proj.weight",)}
-        fmt = {kind: kind_format([f"model.layers.{i}.{n}" for i in range(cfg.n_layers) for n in names])
-               for kind, names in layer_names.items()}
-
-        def lin(kind: str, parts: list[tuple[str, tuple[int, int]]], b: torch.Tensor | None) -> K.PackedWeight:
-            """The weights `parts` stacked along N and packed: quantized (kept or at load) or `dtype`."""
-            if fmt[kind]:
-                qs = [(store.get_quant(n, s) if quant == "keep" else None) or
-                      Q.quantize(store.get(n, s, torch.float32).numpy(), fmt[kind], n) for n, s in parts]
-                return K.pack_quant(Q.concat(qs), b)
-            return K.pack_weight(torch.cat([store.get(n, s, wd) for n, s in parts]), b)
-
-        E = "model.embed_tokens.weight"
-        fmt["embed"] = kind_format([E])
-        embed = lin("embed", [(E, (cfg.vocab_size, H))], None) if fmt["embed"] else \
-            store.get(E, (cfg.vocab_size, H), torch.float32 if quant != "none" else wd)  # (V, H)
-        empty = np.empty(0, np.float32)
+        p = Packer(cfg, store, dtype, quant)
+        embed = p.embed()
         st = None
         for i in range(cfg.n_layers):
-            p = f"model.layers.{i}."
-            a = p + "self_attn."
-            qkv = [(a + "q_proj.weight", (Hq * D, H)), (a + "k_proj.weight", (Hkv * D, H)),
-                   (a + "v_proj.weight", (Hkv * D, H))]
-            qkv_b = None
-            if cfg.qkv_bias:
-                qkv_b = torch.cat([bias(a + "q_proj.bias", Hq * D, True), bias(a + "k_proj.bias", Hkv * D, True),
-                                   bias(a + "v_proj.bias", Hkv * D, True)])
-            layer = F.Layer(
-                attn_norm=norm(p + "input_layernorm.weight", H),
-                wqkv=lin("qkv", qkv, qkv_b),
-                q_norm=norm(a + "q_norm.weight", D) if cfg.qk_norm else empty,
-                k_norm=norm(a + "k_norm.weight", D) if cfg.qk_norm else empty,
-                wo=lin("o", [(a + "o_proj.weight", (H, Hq * D))], bias(a + "o_proj.bias", H, cfg.o_bias)),
-                mlp_norm=norm(p + "post_attention_layernorm.weight", H),
-                w_gate=lin("gate_up", [(p + "mlp.gate_proj.weight", (I, H))],
-                           bias(p + "mlp.gate_proj.bias", I, cfg.mlp_bias)),
-                w_up=lin("gate_up", [(p + "mlp.up_proj.weight", (I, H))], bias(p + "mlp.up_proj.bias", I, cfg.mlp_bias)),
-                w_down=lin("down", [(p + "mlp.down_proj.weight", (H, I))], bias(p + "mlp.down_proj.bias", H, cfg.mlp_bias)))
+            layer = p.layer(i)
             if st is None:  # one copy of the weights: packed layer by layer into the stack
                 st = F.Stack.empty(layer, cfg.n_layers)
             st.put(i, layer)
         self.stack = st
         self.layers: list[F.Layer] = [st.views(i) for i in range(cfg.n_layers)]
-        self.norm = norm("model.norm.weight", H)
-        if cfg.tie_word_embeddings or not store.has("lm_head.weight"):  # the head is the embedding, one copy
-            self.lm_head = embed if fmt["embed"] else K.pack_weight(embed)
-        else:
-            fmt["head"] = kind_format(["lm_head.weight"])
-            self.lm_head = lin("head", [("lm_head.weight", (cfg.vocab_size, H))], None)
-        kept = sorted({f for f in fmt.values() if f})
-        self.dtype = "+".join(kept + [dtype])  # e.g. "q4_1+q8_0+float32": the formats kept, then the rest
+        self.norm = p.norm("model.norm.weight", H)
+        self.lm_head = p.head(embed)
+        self.dtype = p.name()  # e.g. "q4_1+q8_0+float32": the formats kept, then the rest
         self.cos, self.sin = K.rope_table(inv_freq(cfg), max_context)  # (C, D) each
         self.scale = 1.0 / math.sqrt(D)
-        if fmt["embed"]:
+        if isinstance(embed, K.PackedWeight):
             self._embed_np = _quant_table(embed)
         else:
             e = embed.contiguous()

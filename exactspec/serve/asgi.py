@@ -1,12 +1,30 @@
-"""uvicorn's h11 protocol with a request-read timeout (slowloris): from the moment a connection
-opens, or a keep-alive connection's previous response completes, the next request's headers and
-body must arrive within `read_timeout_s`, or the connection is closed. (uvicorn's own
-timeout_keep_alive only runs between requests, once a first one has completed.)"""
+"""What sits between the socket and the app: uvicorn configured for slow or many clients
+(`uvicorn_config`), its h11 protocol with a request-read timeout (`ReadTimeoutH11`), and two ASGI
+middlewares: `Guard` (API key, per-route request counts) and `BodyLimit` (413).
+
+ReadTimeoutH11 (slowloris): from the moment a connection opens, or a keep-alive connection's previous
+response completes, the next request's headers and body must arrive within `read_timeout_s`, or the
+connection is closed. (uvicorn's own timeout_keep_alive only runs between requests, once a first one
+has completed.) It overrides hooks of uvicorn's H11Protocol, which is not public API: uvicorn is
+pinned to the versions tested (pyproject.toml), and a uvicorn without these hooks fails at import
+with a message saying so, not at the first slow client."""
 from __future__ import annotations
 
 import asyncio
+import hmac
 
+from fastapi.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .metrics import Metrics
+from .options import ServeOptions
+from .protocol import error_body
+
+_HOOKS = ("connection_made", "handle_events", "on_response_complete", "connection_lost")
+_missing = [h for h in _HOOKS if not callable(getattr(H11Protocol, h, None))]
+if _missing:  # pragma: no cover - an untested uvicorn
+    raise ImportError(f"uvicorn's H11Protocol has no {', '.join(_missing)}: this uvicorn is not one exactspec's read "
+                      "timeout supports (see the uvicorn pin in pyproject.toml)")
 
 
 class ReadTimeoutH11(H11Protocol):
@@ -48,3 +66,80 @@ class ReadTimeoutH11(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+
+class Guard:
+    """ASGI middleware: the API key (401, constant-time compare) and the per-route request count
+    (labelled by the matched route's template, never by the raw path a client sent)."""
+
+    def __init__(self, app, opts: ServeOptions, metrics: Metrics):
+        self.app, self.metrics, self.protect_all = app, metrics, opts.protect_metrics
+        self.key = opts.api_key.encode() if opts.api_key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = []
+
+        async def send_status(msg):
+            if msg["type"] == "http.response.start":
+                status.append(msg["status"])
+            await send(msg)
+        if self.key is not None and (scope["path"].startswith("/v1/") or self.protect_all):
+            auth = dict(scope.get("headers") or []).get(b"authorization", b"")
+            given = auth[7:] if auth[:7].lower() == b"bearer " else b""
+            if not hmac.compare_digest(given, self.key):
+                resp = JSONResponse(error_body("Incorrect API key provided (send Authorization: Bearer KEY)",
+                                               "invalid_request_error", code="invalid_api_key"), status_code=401,
+                                    headers={"WWW-Authenticate": "Bearer"})
+                await resp(scope, receive, send_status)
+                self.metrics.requests.labels("(unauthorized)", "401").inc()
+                return
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = getattr(scope.get("route"), "path", "(unmatched)")
+            self.metrics.requests.labels(route, str(status[0] if status else 500)).inc()
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `limit` bytes gets 413 before the app parses any of it
+    (by Content-Length, or by counting a chunked body as it arrives)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        too_big = length is not None and (not length.isdigit() or int(length) > self.limit)
+        chunks, n = [], 0
+        while not too_big:  # read the body (bounded) before the app sees it
+            msg = await receive()
+            if msg["type"] != "http.request":
+                chunks.append(msg)
+                break
+            n += len(msg.get("body", b""))
+            chunks.append(msg)
+            too_big = n > self.limit
+            if not msg.get("more_body"):
+                break
+        if too_big:
+            resp = JSONResponse(error_body(f"request body exceeds {self.limit} bytes", "invalid_request_error"),
+                                status_code=413)
+            return await resp(scope, receive, send)
+
+        async def replay():
+            return chunks.pop(0) if chunks else await receive()
+        await self.app(scope, replay, send)
+
+
+def uvicorn_config(app, host: str, port: int, opts: ServeOptions):
+    """uvicorn with the limits for slow or many clients: idle keep-alive and request-read timeouts,
+    a connection limit (503 above), 16 KB of headers at most."""
+    import uvicorn
+    proto = type("ReadTimeoutH11", (ReadTimeoutH11,), {"read_timeout_s": opts.read_timeout})
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2,
+                          timeout_keep_alive=max(1, round(opts.keep_alive)), limit_concurrency=opts.max_connections,
+                          h11_max_incomplete_event_size=16 * 1024, http=proto)

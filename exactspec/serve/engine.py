@@ -58,7 +58,6 @@ class Job:
     created: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
     seq: SeqState | None = None
-    fail_on_purpose: bool = False  # fault injection (tests): stepping this job raises
 
 
 @dataclass
@@ -73,7 +72,7 @@ class EngineStats:  # what /metrics reports beside the server's own counters
 class Engine:
     def __init__(self, target: Transformer, drafter: Drafter | None = None, max_batch: int = 8,
                  max_queue: int = 64):
-        self.batch = Batch(target, max_batch, target.max_context, drafter, fault=_injected_fault)
+        self.batch = Batch(target, max_batch, target.max_context, drafter)
         self.max_queue = max_queue
         self.queue: collections.deque[Job] = collections.deque()
         self.active: list[Job] = []
@@ -191,10 +190,3 @@ class Engine:
                         self._tell(job, Event(new, logprobs=lp))
                     if s.finish_reason is not None:
                         self._finish(job, s.finish_reason, s.error)
-
-
-def _injected_fault(s: SeqState) -> None:
-    """Fault injection for tests and bench/load.py: a job marked `fail_on_purpose` raises inside
-    the step, as a kernel failure would, once it has two tokens (so a stream fails mid-way)."""
-    if isinstance(s.tag, Job) and s.tag.fail_on_purpose and len(s.generated) >= 2:
-        raise RuntimeError("fault injected for this request (EXACTSPEC_FAULT_MARKER)")

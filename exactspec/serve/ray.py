@@ -31,7 +31,8 @@ from ray import serve
 from ..api import Model
 from ..decode.drafters import LookupDrafter
 from ..kernels import set_num_threads
-from .app import ServeOptions, Server
+from .app import Server
+from .options import ServeOptions
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gguf
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 import exactspec
 from exactspec.errors import CheckpointError, UnsupportedModelError

@@ -5,17 +5,11 @@ import concurrent.futures as cf
 import math
 
 import httpx
-import openai
 import pytest
 
 from exactspec.decode.drafters import LookupDrafter
-from exactspec.serve.app import ServeOptions
-from serving import InProcess
-
-
-@pytest.fixture(scope="module")
-def folder(ckpt):
-    return ckpt("qwen2")
+from exactspec.serve.options import ServeOptions
+from tests.serve.serving import InProcess, openai_client
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +21,7 @@ def srv(folder):
 
 
 def client(s):
-    return openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    return openai_client(s)
 
 
 PROMPTS = [("def add(a, b):", 0.0, 1), ("The quick brown", 0.8, 2), ("for path in", 1.1, 3), ("class Stack:", 0.0, 4)]

@@ -16,7 +16,7 @@ import exactspec
 from exactspec.text import chat
 from exactspec.errors import CheckpointError
 from exactspec.testing import random_model
-from test_gguf import write_gguf
+from tests.model.test_gguf import write_gguf
 
 MSGS = [{"role": "user", "content": "def add(a, b):"}]
 
@@ -52,7 +52,7 @@ def test_cli_generate_takes_a_gguf_file(gguf_and_folder):
 
 
 def test_serve_takes_a_gguf_file(gguf_and_folder):
-    from test_server import Running
+    from tests.serve.serving import Running
     path, folder = gguf_and_folder
     s = Running(path)
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 import llvmlite.binding as llb
 import pytest
 
-import golden
+from tests.kernels import golden
 
 HERE = Path(__file__).parent
 TARGETS = ["generic", "haswell"] + (["skylake-avx512"] if "+avx512f" in llb.get_host_cpu_features().flatten() else [])

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import exactspec
-from conftest import ARCHS
+from tests.helpers import ARCHS
 from exactspec.testing import hf_model
 
 

@@ -1,51 +1,14 @@
 """The real server on a loopback port, driven by the official `openai` client and raw HTTP."""
 import concurrent.futures as cf
 import json
-import subprocess
-import sys
 import time
 
 import httpx
-import openai
 import pytest
 
-import exactspec
 from exactspec.text import chat
-from exactspec.serve.app import ServeOptions
-from serving import InProcess, free_port
-
-
-class Running:
-    def __init__(self, folder, *extra):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "exactspec.cli", "serve", "--model", str(folder),
-                                      "--port", str(self.port), "--name", "tiny", *extra],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited: " + self.proc.stdout.read())
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise RuntimeError("server did not start")
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=120)
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-@pytest.fixture(scope="module")
-def folder(ckpt):
-    return ckpt("qwen2")
+from exactspec.serve.options import ServeOptions
+from tests.serve.serving import InProcess, Running
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +16,6 @@ def server(folder):
     s = Running(folder, "--draft", "lookup", "--num-draft-tokens", "3", "--max-batch", "4")
     yield s
     s.stop()
-
-
-@pytest.fixture(scope="module")
-def model(folder):
-    return exactspec.load(folder)
 
 
 def test_models_and_health(server):

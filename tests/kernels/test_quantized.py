@@ -13,7 +13,7 @@ from exactspec import kernels as K
 from exactspec.kernels import quant
 from exactspec.kernels import layout
 from exactspec.testing import q4_k_blocks, random_model
-from test_gguf import _ids, write_gguf
+from tests.model.test_gguf import _ids, write_gguf
 
 FORMATS = quant.FORMATS
 TYPE = {f: getattr(gguf.GGMLQuantizationType, f.upper()) for f in FORMATS}

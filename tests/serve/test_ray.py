@@ -15,8 +15,8 @@ serve = pytest.importorskip("ray.serve")
 import exactspec  # noqa: E402
 from exactspec.serve import ray as exact_ray  # noqa: E402
 from exactspec.decode.drafters import LookupDrafter  # noqa: E402
-from exactspec.serve.app import ServeOptions  # noqa: E402
-from serving import InProcess, free_port  # noqa: E402
+from exactspec.serve.options import ServeOptions  # noqa: E402
+from tests.serve.serving import InProcess, free_port  # noqa: E402
 
 OPTS = ServeOptions(max_batch=4)
 PROMPTS = ["The quick brown fox", "1 2 3 4 5 6", "hello hello hello", "a b c", "Once upon a time there was"]
@@ -49,11 +49,6 @@ def _ask(client: openai.OpenAI, kind: str, kw: dict, stream: bool = False):
     r = client.completions.create(model="tiny", **kw)
     c = r.choices[0]
     return c.text, [c.finish_reason], c.logprobs.tokens, c.logprobs.token_logprobs, c.logprobs.top_logprobs
-
-
-@pytest.fixture(scope="module")
-def folder(ckpt):
-    return ckpt("qwen2")
 
 
 @pytest.fixture(scope="module")

@@ -107,3 +107,42 @@ def test_seed_none_greedy_ignores_it_and_sampling_reports_a_fresh_one(ckpt):
     assert isinstance(a.stats.seed, int) and a.stats.seed != b.stats.seed
     replay = m.generate("def f(x):", 24, ignore_eos=True, temperature=1.0, seed=a.stats.seed, draft="lookup")
     assert replay.token_ids == a.token_ids and replay.stats.seed == a.stats.seed
+
+
+class _FailsOn:
+    """The target, but a forward holding a row of a sequence in `slots` past its prompt's first new
+    token (position > `prompt_len`) raises, as a kernel failure would. Fault injection by wrapping:
+    production code has no hook for it."""
+
+    def __init__(self, net, slots: set[int], prompt_len: int):
+        self.net, self.slots, self.prompt_len = net, slots, prompt_len
+
+    def __getattr__(self, name):
+        return getattr(self.net, name)
+
+    def forward(self, tokens, slot, pos, *args, **kw):
+        if any(s in self.slots and p > self.prompt_len for s, p in zip(slot.tolist(), pos.tolist())):
+            raise RuntimeError("injected")
+        return self.net.forward(tokens, slot, pos, *args, **kw)
+
+
+def test_a_failure_inside_decoding_raises_never_a_short_result(ckpt):
+    """generate / generate_batch raise GenerationError when the loop fails a sequence (it used to
+    return the tokens made so far with finish_reason "error"); the batch's other results, attached
+    to the error, equal their solo runs."""
+    model = exactspec.load(ckpt("llama"))
+    good, bad = [5, 17, 200], [9, 9, 41, 2]
+    want = model.generate(good, 12, ignore_eos=True).token_ids
+    net = model.net
+    model.net = wrapper = _FailsOn(net, {0}, len(bad))  # generate: the one sequence sits in slot 0
+    try:
+        with pytest.raises(exactspec.GenerationError, match=r"prompt: decoding failed after \d+ tokens") as e:
+            model.generate(bad, 12, ignore_eos=True)
+        assert e.value.results[0].finish_reason == "error"
+        wrapper.slots = {1}  # generate_batch: prompt i in slot i
+        with pytest.raises(exactspec.GenerationError, match="prompt 1: decoding failed") as e:
+            model.generate_batch([good, bad], 12, ignore_eos=True)
+        ok, failed = e.value.results
+        assert ok.token_ids == want and ok.finish_reason == "length" and failed.finish_reason == "error"
+    finally:
+        model.net = net

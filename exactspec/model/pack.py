@@ -1,0 +1,103 @@
+"""A checkpoint's tensors into the kernels' layout: which format each kind of linear weight is kept
+in, and each layer's weights read, stacked (q/k/v as one qkv weight) and packed. Nothing here
+computes; `Transformer.__init__` stacks what `Packer.layer` returns."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import kernels as K
+from ..kernels import quant as Q
+from . import forward as F
+from .config import ModelConfig
+from .weights import TensorStore
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# The stored tensors of each kind of linear weight (one stacked weight per kind and layer).
+KINDS = {"qkv": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+         "o": ("self_attn.o_proj.weight",), "gate_up": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+         "down": ("mlp.down_proj.weight",)}
+EMBED = "model.embed_tokens.weight"
+
+
+class Packer:
+    """quant: "none" (every weight as `dtype`), "keep" (linear weights the store holds in a block
+    format of quant.FORMATS stay so: GGUF files), or one of quant.QUANTIZERS (every linear weight
+    and the embedding quantized to it at load)."""
+
+    def __init__(self, cfg: ModelConfig, store: TensorStore, dtype: str, quant: str = "none"):
+        self.cfg, self.store, self.dtype, self.quant, self.wd = cfg, store, dtype, quant, DTYPES[dtype]
+        # The format each kind (qkv, o, gate+up, down, embed, head) is kept in: when keeping a file's
+        # formats, a kind stays quantized only if every layer's tensors of it share one (the kernel
+        # takes one format per stacked weight); otherwise it is `dtype`.
+        self.stored = store.quant_formats() if quant == "keep" and hasattr(store, "quant_formats") else {}
+        self.fmt = {kind: self._format([f"model.layers.{i}.{n}" for i in range(cfg.n_layers) for n in names])
+                    for kind, names in KINDS.items()}
+        self.fmt["embed"] = self._format([EMBED])
+
+    def _format(self, names: list[str]) -> str | None:
+        if self.quant in Q.FORMATS:
+            return self.quant
+        fmts = {self.stored.get(n) for n in names}
+        return fmts.pop() if len(fmts) == 1 and None not in fmts else None
+
+    def name(self) -> str:
+        """e.g. "q4_1+q8_0+float32": the formats kept, then the rest."""
+        return "+".join(sorted({f for f in self.fmt.values() if f}) + [self.dtype])
+
+    # -- tensors --------------------------------------------------------------------------------
+    def norm(self, name: str, n: int) -> np.ndarray:
+        return self.store.get(name, (n,), torch.float32).contiguous().numpy()
+
+    def bias(self, name: str, n: int, present: bool) -> torch.Tensor | None:
+        return self.store.get(name, (n,), torch.float32) if present else None
+
+    def linear(self, kind: str, parts: list[tuple[str, tuple[int, int]]], b: torch.Tensor | None) -> K.PackedWeight:
+        """The weights `parts` stacked along N and packed: quantized (kept or at load) or `dtype`."""
+        st = self.store
+        if self.fmt[kind]:
+            qs = [(st.get_quant(n, s) if self.quant == "keep" else None) or
+                  Q.quantize(st.get(n, s, torch.float32).numpy(), self.fmt[kind], n) for n, s in parts]
+            return K.pack_quant(Q.concat(qs), b)
+        return K.pack_weight(torch.cat([st.get(n, s, self.wd) for n, s in parts]), b)
+
+    # -- the model's pieces -----------------------------------------------------------------------
+    def embed(self) -> K.PackedWeight | torch.Tensor:
+        """The embedding: packed when quantized (rows looked up from the blocks), else (V, H) as is."""
+        c = self.cfg
+        if self.fmt["embed"]:
+            return self.linear("embed", [(EMBED, (c.vocab_size, c.hidden_size))], None)
+        return self.store.get(EMBED, (c.vocab_size, c.hidden_size), torch.float32 if self.quant != "none" else self.wd)
+
+    def head(self, embed: K.PackedWeight | torch.Tensor) -> K.PackedWeight:
+        c = self.cfg
+        if c.tie_word_embeddings or not self.store.has("lm_head.weight"):  # the head is the embedding, one copy
+            return embed if isinstance(embed, K.PackedWeight) else K.pack_weight(embed)
+        self.fmt["head"] = self._format(["lm_head.weight"])
+        return self.linear("head", [("lm_head.weight", (c.vocab_size, c.hidden_size))], None)
+
+    def layer(self, i: int) -> F.Layer:
+        c = self.cfg
+        H, D, Hq, Hkv, I = c.hidden_size, c.head_dim, c.n_heads, c.n_kv_heads, c.intermediate_size
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        qkv = [(a + "q_proj.weight", (Hq * D, H)), (a + "k_proj.weight", (Hkv * D, H)),
+               (a + "v_proj.weight", (Hkv * D, H))]
+        qkv_b = None
+        if c.qkv_bias:
+            qkv_b = torch.cat([self.bias(a + "q_proj.bias", Hq * D, True), self.bias(a + "k_proj.bias", Hkv * D, True),
+                               self.bias(a + "v_proj.bias", Hkv * D, True)])
+        empty = np.empty(0, np.float32)
+        mlp_b = c.mlp_bias
+        return F.Layer(
+            attn_norm=self.norm(p + "input_layernorm.weight", H),
+            wqkv=self.linear("qkv", qkv, qkv_b),
+            q_norm=self.norm(a + "q_norm.weight", D) if c.qk_norm else empty,
+            k_norm=self.norm(a + "k_norm.weight", D) if c.qk_norm else empty,
+            wo=self.linear("o", [(a + "o_proj.weight", (H, Hq * D))], self.bias(a + "o_proj.bias", H, c.o_bias)),
+            mlp_norm=self.norm(p + "post_attention_layernorm.weight", H),
+            w_gate=self.linear("gate_up", [(p + "mlp.gate_proj.weight", (I, H))],
+                               self.bias(p + "mlp.gate_proj.bias", I, mlp_b)),
+            w_up=self.linear("gate_up", [(p + "mlp.up_proj.weight", (I, H))], self.bias(p + "mlp.up_proj.bias", I, mlp_b)),
+            w_down=self.linear("down", [(p + "mlp.down_proj.weight", (H, I))],
+                               self.bias(p + "mlp.down_proj.bias", H, mlp_b)))

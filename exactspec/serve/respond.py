@@ -1,0 +1,267 @@
+"""One request's answer on the event loop: `Generation` (one choice: submit to the engine, receive
+text pieces, cancel on disconnect) and `Reply` (the response of one body, in one of three shapes:
+`scored` when there is nothing to generate (echo with max_tokens 0), `whole` (collected, n choices,
+best_of) or `stream` (SSE; several choices interleaved with their index))."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, AsyncIterator
+
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ..decode.request import Request
+from ..decode.sampling import TokenLogprob
+from ..text.stream import StopMatcher, StreamDecoder
+from .engine import EngineDown, Event, Job
+from .protocol import DONE, APIError, Shapes, _Sampling, chat_logprobs, completion_logprobs, error_body, sse, usage
+
+if TYPE_CHECKING:
+    from .app import Server
+
+log = logging.getLogger("exactspec.server")
+
+
+class Generation:
+    """One request's life on the event loop: submit, stream text pieces, cancel on disconnect."""
+
+    def __init__(self, app: "Server", req: Request):
+        self.app, self.loop = app, asyncio.get_running_loop()
+        self.q: asyncio.Queue[Event] = asyncio.Queue()
+        self.job = Job(req, self._event)
+        self.lp: list = []  # TokenLogprobs of the tokens received, when the request asks for them
+        self.completion_tokens = 0  # tokens this client was given (up to a stop string)
+        self.first_token_at: float | None = None
+        self.finish_reason: str | None = None
+
+    def _event(self, ev: Event) -> None:  # engine thread
+        try:
+            self.loop.call_soon_threadsafe(self.q.put_nowait, ev)
+        except RuntimeError:  # the event loop is closed (server shutting down)
+            pass
+
+    async def _next(self) -> Event:
+        """The engine's next event; never waits on a dead engine."""
+        while True:
+            try:
+                return await asyncio.wait_for(self.q.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                if not self.app.engine.alive:
+                    raise APIError(503, "the decoding engine stopped; retry later", "server_error") from None
+
+    async def pieces(self) -> AsyncIterator[str]:
+        try:
+            self.app.engine.submit(self.job)
+        except EngineDown as e:
+            raise APIError(503, f"{e}; retry later", "server_error") from None
+        dec, stop = StreamDecoder(self.app.model.tokenizer), StopMatcher(list(self.job.req.stop))
+        try:
+            while True:
+                ev = await self._next()
+                if ev.tokens:
+                    if self.first_token_at is None:
+                        self.first_token_at = time.perf_counter()
+                    self.completion_tokens += len(ev.tokens)
+                    self.lp += ev.logprobs or []
+                    text, hit = stop.feed(dec.push(ev.tokens))
+                    if text:
+                        yield text
+                    if hit:
+                        self.finish_reason = "stop"
+                        self.app.engine.cancel(self.job)
+                        return
+                if ev.error is not None:
+                    raise APIError(500, str(ev.error), "server_error")
+                if ev.finish_reason is not None:
+                    text, hit = stop.feed(dec.flush())
+                    text += "" if hit else stop.flush()
+                    if text:
+                        yield text
+                    self.finish_reason = "stop" if hit else ev.finish_reason
+                    return
+        finally:
+            if self.finish_reason is None:  # client went away (or an error): free the slot
+                self.app.engine.cancel(self.job)
+            else:
+                m = self.app.metrics
+                m.generated.inc(self.completion_tokens)
+                m.latency.observe(time.perf_counter() - self.job.created)
+                if self.first_token_at is not None:
+                    m.ttft.observe(self.first_token_at - self.job.created)
+
+
+
+
+async def _collect(pieces: AsyncIterator[str]) -> str:
+    return "".join([p async for p in pieces])
+
+
+
+
+class Reply:
+    """The response to one body: `kind` "text" (completions) or "chat"; `reqs` its choices'
+    Requests (n, or best_of candidates); `prompt_lps` the echoed prompt's logprobs, when asked."""
+
+    def __init__(self, app: "Server", kind: str, r: _Sampling, reqs: list[Request], want_lp: bool, echo: bool,
+                 prompt_lps: list[TokenLogprob] | None):
+        self.app, self.kind, self.r, self.reqs, self.want_lp = app, kind, r, reqs, want_lp
+        self.prompt = list(reqs[0].prompt)
+        self.prompt_text = app.model.decode(self.prompt) if echo else ""
+        self.echo, self.prompt_lps = echo, prompt_lps
+        self.shapes = Shapes(kind, ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex, int(time.time()),
+                             app.name)
+
+    async def send(self, http: HTTPRequest):
+        if self.reqs[0].max_new_tokens == 0:  # scoring only (echo): nothing to generate
+            return self.scored()
+        gens = [Generation(self.app, q) for q in self.reqs]
+        return await (self.stream(gens) if self.r.stream else self.whole(gens, http))
+
+    # -- the three shapes -----------------------------------------------------------------------
+    def scored(self) -> JSONResponse:
+        lp = self._logprobs([], self.prompt_lps, 0) if self.want_lp else None
+        return JSONResponse(self.shapes.whole([self.shapes.choice(self.prompt_text, "length", False, 0, lp)],
+                                              usage(len(self.prompt), 0)))
+
+    async def whole(self, gens: list[Generation], http: HTTPRequest) -> JSONResponse:
+        task = asyncio.ensure_future(asyncio.gather(*[_collect(g.pieces()) for g in gens]))
+        while not task.done():  # a client that hangs up cancels its generations and frees the slots
+            await asyncio.wait({task}, timeout=0.5)
+            if not task.done() and await http.is_disconnected():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return JSONResponse(error_body("client disconnected", "invalid_request_error"), status_code=499)
+        texts = task.result()
+        order = list(range(len(gens)))
+        if len(gens) > self.r.n:  # best_of: the n candidates with the highest mean token logprob
+            mean = [sum(x.logprob for x in g.lp) / max(1, len(g.lp)) for g in gens]
+            order = sorted(order, key=lambda i: -mean[i])[: self.r.n]
+        choices = [self.shapes.choice(self.prompt_text + texts[i], gens[i].finish_reason, False, j,
+                                      self._logprobs(gens[i].lp, self.prompt_lps, 0) if self.want_lp else None)
+                   for j, i in enumerate(order)]
+        return JSONResponse(self.shapes.whole(choices, usage(len(self.prompt), sum(g.completion_tokens for g in gens))))
+
+    async def stream(self, gens: list[Generation]) -> StreamingResponse:
+        chunks = _Chunks(self, gens)
+        if len(gens) == 1:
+            pieces = gens[0].pieces()
+            first = await anext(pieces, None)  # errors before the first byte still get a status code
+            return StreamingResponse(self._one(chunks, gens[0], pieces, first), media_type="text/event-stream")
+        return StreamingResponse(self._many(chunks, gens), media_type="text/event-stream")
+
+    # -- streaming ------------------------------------------------------------------------------
+    async def _one(self, chunks: "_Chunks", g: Generation, pieces: AsyncIterator[str],
+                   first: str | None) -> AsyncIterator[bytes]:
+        try:
+            for c in chunks.start():
+                yield c
+            if first is not None:
+                yield chunks.chunk(0, first)
+            async for p in pieces:
+                yield chunks.chunk(0, p)
+            yield chunks.chunk(0, "", g.finish_reason)
+            for c in chunks.end()[:-1]:
+                yield c
+        except Exception as e:  # mid-stream: the status is sent; end with an error event
+            yield error_event(e)
+        finally:
+            await pieces.aclose()  # on disconnect this cancels the request and frees its slot
+        yield DONE
+
+    async def _many(self, chunks: "_Chunks", gens: list[Generation]) -> AsyncIterator[bytes]:
+        """n choices interleaved, each chunk with its index."""
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int) -> None:
+            try:
+                async for p in gens[i].pieces():
+                    await q.put((i, p, None))
+                await q.put((i, None, None))
+            except Exception as e:
+                await q.put((i, None, e))
+        tasks = [asyncio.ensure_future(pump(i)) for i in range(len(gens))]
+        try:
+            for c in chunks.start():
+                yield c
+            left = len(gens)
+            while left:
+                i, p, e = await q.get()
+                if e is not None:
+                    yield error_event(e)
+                    left -= 1
+                elif p is None:
+                    yield chunks.chunk(i, "", gens[i].finish_reason)
+                    left -= 1
+                else:
+                    yield chunks.chunk(i, p)
+            for c in chunks.end():
+                yield c
+        finally:  # on disconnect: every choice's generation is cancelled
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- logprobs -------------------------------------------------------------------------------
+    def _token(self, t: int) -> str:
+        return self.app.model.tokenizer.decode([t])
+
+    def _logprobs(self, lps: list, prompt_lps: list | None, offset: int) -> dict:
+        """OpenAI's logprobs object for these TokenLogprobs (completions: the prompt's first, when echoed)."""
+        def tops(x):
+            return [(self._token(t), lp) for t, lp in x.top]
+        if self.kind == "chat":
+            return chat_logprobs([self._token(x.token) for x in lps], [x.logprob for x in lps], [tops(x) for x in lps])
+        toks, vals, alts = [], [], []
+        if prompt_lps is not None:  # echo: the first prompt token has no logprob (nothing before it)
+            toks.append(self._token(self.prompt[0]))
+            vals.append(None)
+            alts.append(None)
+        for x in (prompt_lps or []) + lps:
+            toks.append(self._token(x.token))
+            vals.append(x.logprob)
+            alt: dict = {}
+            for t, v in tops(x):  # ids that decode to the same text share a key: the likelier one stays
+                alt.setdefault(t, v)
+            alts.append(alt)
+        return completion_logprobs(toks, vals, alts, offset)
+
+
+class _Chunks:
+    """A stream's SSE chunks: what each choice has been sent (logprobs, characters) so far."""
+
+    def __init__(self, reply: Reply, gens: list[Generation]):
+        self.reply, self.gens = reply, gens
+        self.sent = [[0, len(reply.prompt_text)] for _ in gens]  # per choice: logprobs sent, characters sent
+
+    def chunk(self, i: int, text: str, finish: str | None = None) -> bytes:
+        rp, g, s = self.reply, self.gens[i], self.sent[i]
+        lp = None
+        if rp.want_lp:
+            lp = rp._logprobs(g.lp[s[0]:], None, s[1])
+            s[0] = len(g.lp)
+        s[1] += len(text)
+        return rp.shapes.chunk(text, finish, logprobs=lp, index=i)
+
+    def start(self) -> list[bytes]:
+        rp = self.reply
+        if not rp.echo:
+            return []
+        lp = rp._logprobs([], rp.prompt_lps, 0) if rp.want_lp else None
+        return [rp.shapes.chunk(rp.prompt_text, logprobs=lp, index=i) for i in range(len(self.gens))]
+
+    def end(self) -> list[bytes]:
+        rp = self.reply
+        tail = [rp.shapes.chunk(usage=usage(len(rp.prompt), sum(g.completion_tokens for g in self.gens)))] \
+            if rp.r.include_usage else []
+        return tail + [DONE]
+
+
+def error_event(e: Exception) -> bytes:
+    if isinstance(e, APIError):
+        return sse(error_body(e.message, e.type, e.param, e.code))
+    eid = uuid.uuid4().hex[:12]
+    log.error("exactspec server: error %s in a stream", eid, exc_info=e)
+    return sse(error_body(f"internal error (id {eid})", "server_error"))
