@@ -5,6 +5,7 @@ against the target (and the drafter by make_drafter), before anything runs.
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from .decode.loop import BatchStats, Stats, run_batch
 from .model.transformer import DTYPES, Rows, Transformer
 from .kernels.quant import FORMATS, QUANTIZERS
 from .decode.request import Limits, Request, check_prompt, make_request
-from .decode.sampling import TokenLogprob, token_logprobs
+from .decode.sampling import SamplingParams, TokenLogprob, token_logprobs
 from .model.memory import release_free_heap
 from .model.checkpoint import is_gguf, resolve
 from .text.stream import StreamDecoder
@@ -113,8 +114,8 @@ class Model:
     def request(self, prompt: str | Sequence[int], max_new_tokens: int | None = 128, *, ignore_eos: bool = False,
                 name: str = "prompt", limits: Limits | None = None, **sampling) -> Request:
         """A validated Request for this model (text encoded, its EOS ids unless ignore_eos), checked
-        against `limits` (default: the model's own). `sampling`: temperature, top_k, top_p, min_p,
-        repetition_penalty, seed, stop, num_draft_tokens."""
+        against `limits` (default: the model's own). `sampling`: make_request's arguments (params, or
+        temperature, top_k, ... seed; stop, num_draft_tokens, logprobs, logprobs_mode)."""
         eos = () if ignore_eos else self.eos_token_ids
         return make_request(limits or self.net.limits, self.encode(prompt), max_new_tokens, eos=eos, name=name,
                             **sampling)
@@ -143,11 +144,10 @@ class Model:
         if len(seeds) != len(prompts):
             raise InvalidRequest(f"seed: {len(seeds)} seeds for {len(prompts)} prompts", "seed")
         drafter = self.make_drafter(draft, draft_confidence, lookup_max_ngram)
-        reqs = [self.request(p, max_new_tokens, ignore_eos=ignore_eos, temperature=temperature, top_k=top_k,
-                             top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=sd,
+        params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed=None)
+        reqs = [self.request(p, max_new_tokens, params=dataclasses.replace(params, seed=sd), ignore_eos=ignore_eos,
                              num_draft_tokens=num_draft_tokens if drafter is not None else 0, logprobs=logprobs,
-                             logprobs_mode=logprobs_mode,
-                             name="prompt" if len(prompts) == 1 else f"prompt {i}")
+                             logprobs_mode=logprobs_mode, name="prompt" if len(prompts) == 1 else f"prompt {i}")
                 for i, (p, sd) in enumerate(zip(prompts, seeds))]
         streams = [StreamDecoder(self.tokenizer) for _ in reqs] if on_text and self.tokenizer else None
 

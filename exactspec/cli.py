@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -205,8 +206,8 @@ def cmd_distill(a: argparse.Namespace) -> int:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from . import load
-    from . import set_num_threads
+    from . import load, set_num_threads
+    from .decode.sampling import SamplingParams
     if a.threads is not None:
         set_num_threads(a.threads)
     model = load(a.model, dtype=a.dtype, quantize=a.quantize)
@@ -218,10 +219,9 @@ def cmd_generate(a: argparse.Namespace) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
 
+    sampling = {f.name: getattr(a, f.name) for f in dataclasses.fields(SamplingParams)}  # flags named as fields
     r = model.generate(a.prompt, max_new_tokens=a.max_new_tokens, ignore_eos=a.ignore_eos, draft=draft,
-                       num_draft_tokens=a.num_draft_tokens, temperature=a.temperature, top_k=a.top_k,
-                       top_p=a.top_p, min_p=a.min_p, repetition_penalty=a.repetition_penalty, seed=a.seed,
-                       on_text=None if a.json else stream)
+                       num_draft_tokens=a.num_draft_tokens, on_text=None if a.json else stream, **sampling)
     s = r.stats
     if a.json:
         print(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,

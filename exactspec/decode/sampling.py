@@ -8,7 +8,9 @@ sample of softmax(z/T) restricted to the tokens the filters keep.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import secrets
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -27,7 +29,7 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
-    seed: int = 0
+    seed: int | None = 0  # None: greedy ignores it; sampling draws one at make_request (`resolved`)
 
     def __post_init__(self) -> None:
         def number(name: str, ok, rule: str) -> None:
@@ -40,8 +42,16 @@ class SamplingParams:
         number("top_p", lambda v: 0.0 < v <= 1.0, "must be in (0, 1]")
         number("min_p", lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]")
         number("repetition_penalty", lambda v: v > 0, "must be a finite number > 0")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not (0 <= self.seed < 2 ** 63):
-            raise InvalidRequest(f"seed={self.seed!r}: must be an integer in [0, 2**63)", "seed")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not (0 <= self.seed < 2 ** 63)):
+            raise InvalidRequest(f"seed={self.seed!r}: must be an integer in [0, 2**63) or None", "seed")
+
+    def resolved(self) -> "SamplingParams":
+        """These params with a seed: a fresh one drawn for sampling with seed None (reported in the
+        result's stats, so the run replays), 0 for greedy (which never uses it)."""
+        if self.seed is not None:
+            return self
+        return dataclasses.replace(self, seed=secrets.randbits(63) if self.temperature else 0)
 
     @property
     def greedy(self) -> bool:

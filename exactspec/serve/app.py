@@ -65,11 +65,10 @@ class Server:
         """The validated Requests of one body (400 naming the field otherwise): `count` candidates,
         the i-th with seed + i (seed None: a fresh base, reported nowhere but reproducible per choice)."""
         base = r.seed if r.seed is not None else (secrets.randbits(62) if r.temperature else 0)
-        return [self.model.request(prompt, max_tokens, ignore_eos=r.ignore_eos, temperature=r.temperature,
-                                   top_k=r.top_k, top_p=r.top_p, min_p=r.min_p,
-                                   repetition_penalty=r.repetition_penalty, seed=base + i, stop=r.stop,
-                                   num_draft_tokens=self.num_draft_tokens, limits=self.limits, logprobs=logprobs,
-                                   logprobs_mode=self.opts.logprobs_mode)
+        params = r.params()
+        return [self.model.request(prompt, max_tokens, params=dataclasses.replace(params, seed=base + i),
+                                   ignore_eos=r.ignore_eos, stop=r.stop, num_draft_tokens=self.num_draft_tokens,
+                                   limits=self.limits, logprobs=logprobs, logprobs_mode=self.opts.logprobs_mode)
                 for i in range(count)]
 
     def _check_body(self, r: _Sampling, best_of: int) -> None:

@@ -10,6 +10,7 @@ import json
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..decode.sampling import SamplingParams
 from ..errors import ContextLengthError, InvalidRequest
 
 # our field names (request.make_request) -> OpenAI's
@@ -64,6 +65,10 @@ class _Sampling(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
+
+    def params(self) -> SamplingParams:
+        """The body's sampling parameters (checked: InvalidRequest naming the field); seed as sent."""
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty, self.seed)
 
 
 class CompletionRequest(_Sampling):

@@ -32,6 +32,7 @@ def pair(ckpt):
 PROMPTS = [[11], [5, 6, 7, 5, 6, 7, 5, 6], list(range(40, 100))]
 
 
+@pytest.mark.slow  # every architecture x dtype x drafter x k (~2.5 min)
 @pytest.mark.parametrize("arch,dtype", TARGETS)
 def test_greedy_matrix(pair, arch, dtype):
     target, draft = pair(arch, dtype)

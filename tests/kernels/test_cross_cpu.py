@@ -17,6 +17,8 @@ import pytest
 
 from tests.kernels import golden
 
+pytestmark = pytest.mark.slow  # compiles the kernels for 3 CPU targets (~5 min)
+
 HERE = Path(__file__).parent
 TARGETS = ["generic", "haswell"] + (["skylake-avx512"] if "+avx512f" in llb.get_host_cpu_features().flatten() else [])
 

@@ -18,6 +18,8 @@ from exactspec.decode.drafters import LookupDrafter  # noqa: E402
 from exactspec.serve.options import ServeOptions  # noqa: E402
 from tests.serve.serving import InProcess, free_port  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a Ray cluster and replicas
+
 OPTS = ServeOptions(max_batch=4)
 PROMPTS = ["The quick brown fox", "1 2 3 4 5 6", "hello hello hello", "a b c", "Once upon a time there was"]
 

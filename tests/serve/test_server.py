@@ -10,6 +10,8 @@ from exactspec.text import chat
 from exactspec.serve.options import ServeOptions
 from tests.serve.serving import InProcess, Running
 
+pytestmark = pytest.mark.slow  # `exactspec serve` in a subprocess
+
 
 @pytest.fixture(scope="module")
 def server(folder):

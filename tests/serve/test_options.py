@@ -1,0 +1,44 @@
+"""The CLI's flags are built into ServeOptions and SamplingParams by name, not copied field by field:
+every field has its flag, and the values arrive."""
+import dataclasses
+
+import pytest
+
+from exactspec.cli import build_parser
+from exactspec.decode.sampling import SamplingParams
+from exactspec.serve.options import ServeOptions
+
+
+def test_every_serve_option_has_a_flag_and_arrives(monkeypatch):
+    monkeypatch.delenv("EXACTSPEC_API_KEY", raising=False)
+    a = build_parser().parse_args(["serve", "--model", "m", "--max-batch", "3", "--read-timeout", "2.5",
+                                   "--allowed-hosts", "a", "b", "--protect-metrics", "--api-key", "k"])
+    missing = [f.name for f in dataclasses.fields(ServeOptions) if not hasattr(a, f.name)]
+    assert not missing, missing
+    o = ServeOptions.from_args(a)
+    assert (o.max_batch, o.read_timeout, o.allowed_hosts, o.protect_metrics, o.api_key) == (3, 2.5, ("a", "b"), True, "k")
+    defaults = ServeOptions.from_args(build_parser().parse_args(["serve", "--model", "m"]))
+    assert defaults == ServeOptions()  # the flags' defaults are the options' defaults
+    monkeypatch.setenv("EXACTSPEC_API_KEY", "env-key")
+    assert ServeOptions.from_args(build_parser().parse_args(["serve", "--model", "m"])).api_key == "env-key"
+
+
+def test_every_sampling_parameter_has_a_generate_flag():
+    a = build_parser().parse_args(["generate", "--model", "m", "--prompt", "x", "--top-k", "5", "--seed", "9"])
+    got = {f.name: getattr(a, f.name) for f in dataclasses.fields(SamplingParams)}
+    assert got["top_k"] == 5 and got["seed"] == 9
+    assert SamplingParams(**got).top_k == 5
+
+
+def test_sampling_params_or_keywords_not_both():
+    from exactspec import InvalidRequest, make_request
+    from exactspec.model.config import Limits
+    lim = Limits(100, 50)
+    a = make_request(lim, [1, 2], 4, SamplingParams(0.5, seed=3))
+    b = make_request(lim, [1, 2], 4, temperature=0.5, seed=3)
+    assert (a.prompt, a.params, a.max_new_tokens) == (b.prompt, b.params, b.max_new_tokens)
+    assert make_request(lim, [1, 2], 4, SamplingParams(0.5, seed=None)).params.seed is not None  # drawn, reported
+    with pytest.raises(InvalidRequest, match="not both"):
+        make_request(lim, [1, 2], 4, SamplingParams(0.5), temperature=0.5)
+    with pytest.raises(InvalidRequest, match="not a request argument"):
+        make_request(lim, [1, 2], 4, temprature=0.5)
