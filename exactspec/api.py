@@ -1,7 +1,8 @@
 """Public API: `load(path)` -> Model with `logits`, `generate`, `generate_batch`.
 
-Text is encoded here; every generation input is then checked once, by request.make_request,
-against the target (and the drafter by make_drafter), before anything runs.
+Opening the checkpoint is model/checkpoint.py's; text is encoded here; every generation input is
+then checked once, by decode.request.make_request, against the target (and the drafter by
+make_drafter), before anything runs.
 """
 from __future__ import annotations
 
@@ -13,21 +14,16 @@ from typing import Callable, Sequence
 
 import torch
 
-from .jsonfile import read_json
-from .model.config import ModelConfig, load_config, token_ids
 from .decode.drafters import DraftModelDrafter, Drafter, LookupDrafter
-from .errors import CheckpointError, GenerationError, InvalidRequest, UnsupportedModelError
-from .model.gguf_file import GGUFFile
 from .decode.loop import BatchStats, Stats, run_batch
-from .model.transformer import DTYPES, Rows, Transformer
-from .kernels.quant import FORMATS, QUANTIZERS
 from .decode.request import Limits, Request, check_prompt, make_request
 from .decode.sampling import SamplingParams, TokenLogprob, token_logprobs
-from .model.memory import release_free_heap
-from .model.checkpoint import is_gguf, resolve
+from .errors import CheckpointError, GenerationError, InvalidRequest
+from .model.checkpoint import open_checkpoint
+from .model.config import ModelConfig
+from .model.transformer import Rows, Transformer
 from .text.stream import StreamDecoder
 from .text.tokenizer import Tokenizer
-from .model.weights import TensorStore
 
 
 @dataclass
@@ -195,15 +191,6 @@ class Model:
         raise InvalidRequest(f"draft={draft!r}: expected None, 'lookup' or an exactspec Model", "draft")
 
 
-def _eos_ids(folder: Path, cfg: ModelConfig) -> tuple[int, ...]:
-    gen = folder / "generation_config.json"
-    if gen.is_file():
-        v = read_json(gen).get("eos_token_id")
-        if v is not None:
-            return token_ids(v, f"{gen}: field 'eos_token_id'")
-    return cfg.eos_token_ids
-
-
 def load(path: str | Path, dtype: str = "auto", max_context: int | None = None, quantize: str | None = None) -> Model:
     """Load a model: a HF checkpoint folder, a .gguf file, or a Hugging Face Hub id (`org/name`,
     resolved through the local hub cache; HF_HUB_OFFLINE=1 keeps it offline).
@@ -214,31 +201,5 @@ def load(path: str | Path, dtype: str = "auto", max_context: int | None = None, 
     linear weight (and the embedding) quantized to it at load (llama.cpp's rounding, the gguf
     package), the same kernels. max_context: longest
     sequence (prompt + new tokens) served; default min(config, 8192)."""
-    folder = resolve(path)
-    gguf = is_gguf(folder)
-    if not folder.is_dir() and not gguf:
-        raise CheckpointError(f"{folder}: not a directory or a .gguf file (expected a Hugging Face checkpoint "
-                              "folder or a GGUF file)")
-    if dtype != "auto" and dtype not in DTYPES:
-        raise UnsupportedModelError(f"dtype={dtype!r} is not supported (auto, float32, bfloat16)")
-    if quantize is not None and quantize not in QUANTIZERS:
-        raise UnsupportedModelError(f"quantize={quantize!r} is not supported (None, {', '.join(map(repr, QUANTIZERS))}; "
-                                    f"a GGUF file's {', '.join(f.upper() for f in FORMATS)} weights are kept as they are)")
-    quant = quantize or ("keep" if dtype == "auto" and gguf else "none")
-    dtype = "float32" if dtype == "auto" else dtype
-    store = GGUFFile(folder) if gguf else None
-    cfg = store.cfg if gguf else load_config(folder)
-    if max_context is None:
-        max_context = min(cfg.max_position_embeddings, 8192)
-    if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
-        raise InvalidRequest(f"max_context={max_context!r}: must be an integer >= 2", "max_context")
-    if gguf:
-        model = Model(folder, cfg, Transformer(cfg, store, dtype, max_context, quant), store.tokenizer(),
-                      cfg.eos_token_ids)
-    else:
-        tok = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
-        model = Model(folder, cfg, Transformer(cfg, TensorStore(folder), dtype, max_context, quant), tok,
-                      _eos_ids(folder, cfg))
-    del store  # the GGUF reader's parsed metadata: freed before the heap is handed back
-    release_free_heap()
-    return model
+    c = open_checkpoint(path, dtype, max_context, quantize)
+    return Model(c.folder, c.cfg, c.net, c.tokenizer, c.eos)

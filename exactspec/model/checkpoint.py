@@ -1,16 +1,23 @@
-"""Where a model comes from: a local HF folder, a local .gguf file, or a Hugging Face Hub id
-(`org/name`, `org/name@revision`, or `org/name/file.gguf`) resolved by `huggingface_hub` through
-its cache, which honours HF_HUB_OFFLINE / HF_HUB_CACHE / HF_HOME."""
+"""Opening a checkpoint: where it comes from (a local HF folder, a local .gguf file, or a Hugging Face
+Hub id (`org/name`, `org/name@revision`, or `org/name/file.gguf`) resolved by `huggingface_hub`
+through its cache, which honours HF_HUB_OFFLINE / HF_HUB_CACHE / HF_HOME), and what it holds: config,
+packed weights, tokenizer and EOS ids (`open_checkpoint`, which `exactspec.load` wraps in a Model)."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ..errors import CheckpointError
-
-if TYPE_CHECKING:
-    from ..text.tokenizer import Tokenizer
+from ..errors import CheckpointError, InvalidRequest, UnsupportedModelError
+from ..jsonfile import read_json
+from ..kernels.quant import FORMATS, QUANTIZERS
+from ..text.tokenizer import Tokenizer
+from .config import ModelConfig, load_config, token_ids
+from .gguf_file import GGUFFile
+from .memory import release_free_heap
+from .pack import DTYPES
+from .transformer import Transformer
+from .weights import TensorStore
 
 # what a checkpoint folder needs; nothing else of a repo (other weights formats, images) is fetched
 PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt"]
@@ -48,11 +55,60 @@ def is_gguf(path: Path) -> bool:
     return path.is_file() and path.suffix == ".gguf"
 
 
-def load_tokenizer(source: str | Path) -> "Tokenizer | None":
+def load_tokenizer(source: str | Path) -> Tokenizer | None:
     """The tokenizer of a folder (tokenizer.json) or GGUF file (its metadata); None if it has none."""
-    from .gguf_file import GGUFFile
-    from ..text.tokenizer import Tokenizer
     path = resolve(source)
     if is_gguf(path):
         return GGUFFile(path).tokenizer()
     return Tokenizer.from_folder(path) if (path / "tokenizer.json").is_file() else None
+
+
+@dataclass
+class Checkpoint:
+    folder: Path  # the folder or .gguf file it was read from
+    cfg: ModelConfig
+    net: Transformer
+    tokenizer: Tokenizer | None
+    eos: tuple[int, ...]
+
+
+def open_checkpoint(path: str | Path, dtype: str = "auto", max_context: int | None = None,
+                    quantize: str | None = None) -> Checkpoint:
+    """What `exactspec.load` reads (see its arguments)."""
+    folder = resolve(path)
+    gguf = is_gguf(folder)
+    if not folder.is_dir() and not gguf:
+        raise CheckpointError(f"{folder}: not a directory or a .gguf file (expected a Hugging Face checkpoint "
+                              "folder or a GGUF file)")
+    if dtype != "auto" and dtype not in DTYPES:
+        raise UnsupportedModelError(f"dtype={dtype!r} is not supported (auto, float32, bfloat16)")
+    if quantize is not None and quantize not in QUANTIZERS:
+        raise UnsupportedModelError(f"quantize={quantize!r} is not supported (None, {', '.join(map(repr, QUANTIZERS))}; "
+                                    f"a GGUF file's {', '.join(f.upper() for f in FORMATS)} weights are kept as they are)")
+    quant = quantize or ("keep" if dtype == "auto" and gguf else "none")
+    dtype = "float32" if dtype == "auto" else dtype
+    store = GGUFFile(folder) if gguf else None
+    cfg = store.cfg if gguf else load_config(folder)
+    if max_context is None:
+        max_context = min(cfg.max_position_embeddings, 8192)
+    if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
+        raise InvalidRequest(f"max_context={max_context!r}: must be an integer >= 2", "max_context")
+    if gguf:
+        c = Checkpoint(folder, cfg, Transformer(cfg, store, dtype, max_context, quant), store.tokenizer(),
+                       cfg.eos_token_ids)
+    else:
+        tok = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
+        c = Checkpoint(folder, cfg, Transformer(cfg, TensorStore(folder), dtype, max_context, quant), tok,
+                       _eos_ids(folder, cfg))
+    del store  # the GGUF reader's parsed metadata: freed before the heap is handed back
+    release_free_heap()
+    return c
+
+
+def _eos_ids(folder: Path, cfg: ModelConfig) -> tuple[int, ...]:
+    gen = folder / "generation_config.json"
+    if gen.is_file():
+        v = read_json(gen).get("eos_token_id")
+        if v is not None:
+            return token_ids(v, f"{gen}: field 'eos_token_id'")
+    return cfg.eos_token_ids

@@ -113,10 +113,17 @@ def embed_rows(table: np.ndarray, tokens: np.ndarray, H: int) -> np.ndarray:
 
 
 @njit(parallel=True, cache=True)
-def _forward(tokens, embed, slot, pos, out_rows, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, bo, mlp_norm, wgu, bgu, wdown,
-             bdown, norm, head, Hq, Hkv, D, I, eps, scale, window, cos, sin, kc, vc, logits):
-    # tokens (R,) -> logits (len(out_rows), V) float32. I: the intermediate size (the packed
-    # weights' shapes do not show it: a Q8_0 weight's second axis counts groups of 32).
+def _forward(rows, top, layers, dims, cache, logits):
+    # rows: tokens, slot, pos (R,) int64 and out_rows (n,) int64 -> logits (n, V) float32.
+    # top: embed, final norm, head; layers: the Stack's arrays (a leading layer axis each);
+    # dims: heads, kv heads, head dim, I (the intermediate size: the packed weights' shapes do not
+    # show it, a Q8_0 weight's second axis counts groups of 32), eps, scale, window; cache: rope
+    # tables and the K/V cache.
+    tokens, slot, pos, out_rows = rows
+    embed, norm, head = top
+    attn_norm, wqkv, bqkv, q_norm, k_norm, wo, bo, mlp_norm, wgu, bgu, wdown, bdown = layers
+    Hq, Hkv, D, I, eps, scale, window = dims
+    cos, sin, kc, vc = cache
     R = tokens.shape[0]
     H = norm.shape[0]
     x = np.empty((R, H), np.float32)  # the residual stream
@@ -230,8 +237,8 @@ def forward(st: Stack, tokens: np.ndarray, embed: np.ndarray, slot: np.ndarray, 
     if tokens.shape[0] == 0:
         return logits
     a = st.arrays
-    return _FORWARD.run(tokens.shape[0] * (st.work + head.n * head.k), SERIAL_FORWARD,
-                        tokens, embed, slot, pos, out_rows, a["attn_norm"], a["wqkv"], a["b_wqkv"], a["q_norm"],
-                        a["k_norm"], a["wo"], a["b_wo"], a["mlp_norm"], a["w_gate"], a["b_w_gate"], a["w_down"],
-                        a["b_w_down"], norm, head.data, Hq, Hkv, D, st.shapes["w_down"][1], np.float32(eps),
-                        np.float32(scale), window, cos, sin, kc, vc, logits)
+    layers = tuple(a[k] for k in ("attn_norm", "wqkv", "b_wqkv", "q_norm", "k_norm", "wo", "b_wo", "mlp_norm",
+                                  "w_gate", "b_w_gate", "w_down", "b_w_down"))
+    dims = (Hq, Hkv, D, st.shapes["w_down"][1], np.float32(eps), np.float32(scale), window)
+    return _FORWARD.run(tokens.shape[0] * (st.work + head.n * head.k), SERIAL_FORWARD, (tokens, slot, pos, out_rows),
+                        (embed, norm, head.data), layers, dims, (cos, sin, kc, vc), logits)
