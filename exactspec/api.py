@@ -42,7 +42,7 @@ class Model:
         self.folder, self.cfg, self.net, self.tokenizer, self.eos_token_ids = folder, cfg, net, tokenizer, eos
         self._same_vocab: weakref.WeakSet = weakref.WeakSet()  # draft Models whose tokenizer matched ours
 
-    def __getstate__(self) -> dict:  # Ray's object store (exactspec.ray); a WeakSet does not pickle
+    def __getstate__(self) -> dict:  # Ray's object store (exactspec.serve.ray); a WeakSet does not pickle
         s = dict(self.__dict__)
         s["_same_vocab"] = None
         return s

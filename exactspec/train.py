@@ -1,4 +1,4 @@
-"""Training the demo pair and distilling drafts (needs the `train` extra: transformers, tqdm).
+"""Training the demo pair and distilling drafts (needs the `hf` extra: transformers, tqdm).
 
 Offline by construction: the corpus is a folder of text/source files on disk (the demo uses the
 running interpreter's own standard library, `Lib/`, which every machine has).

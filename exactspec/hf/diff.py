@@ -1,8 +1,8 @@
 """Why do two greedy outputs of the same model differ? Find the first divergent token and say
 whether rounding noise can explain it.
 
-    report = exactspec.diff.compare(model, prompt_ids, {}, {"assistant_model": draft})
-    report = exactspec.diff.explain(model, tokens_a, tokens_b, prompt_len=12)
+    report = exactspec.hf.diff.compare(model, prompt_ids, {}, {"assistant_model": draft})
+    report = exactspec.hf.diff.explain(model, tokens_a, tokens_b, prompt_len=12)
 
 At the first position p where the sequences differ (run A chose token a, run B token b), the
 common prefix's next-token logits are recomputed in several ways that round differently in a

@@ -2,9 +2,9 @@
 per super-block, in 8 groups of 32 with their own 6-bit scale and minimum).
 
 A `Quantized` holds an (n, k) weight split into per-weight quants and per-block float16 scales (and
-Q4_1's minimums), rows in our order. `dequantize` is the one definition of each weight's value,
+Q4_1's and Q4_K's minimums; Q4_K's 6-bit group scales and minimums too), rows in our order. `dequantize` is the one definition of each weight's value,
 equal to the gguf package's (llama.cpp's) dequantization to the bit, and the linear kernel
-computes it the same way in registers (tile.py):
+computes it the same way in registers (tile.py, with the layout of layout.py):
     Q8_0: f32(d) * f32(q), q int8            (exact: 11 + 8 significant bits fit in float32)
     Q4_0: f32(d) * f32(q - 8), q in 0..15    (exact)
     Q4_1: f32(d) * f32(q) + f32(m)           (d * q exact, so one rounding, fused or not)

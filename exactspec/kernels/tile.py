@@ -2,14 +2,16 @@
 
 Contract: `run_tile(mr, x, m0, w, b, t)` computes, for rows m0 .. m0+mr-1 of x (M, K) float32 and
 the NL = 32 output lanes of packed weight block b of w,
-t[r, j] = fma(x[m0+r, K-1], w[b, K-1, j], ... fma(x[m0+r, 0], w[b, 0, j], +0.0)): each output is one chain of fused multiply-adds over k = 0, 1, ..., K-1, nothing else. The weight formats (each
-block's data contiguous, the blocks at any stride):
+t[r, j] = fma(x[m0+r, K-1], w[b, K-1, j], ... fma(x[m0+r, 0], w[b, 0, j], +0.0)): each output is one
+chain of fused multiply-adds over k = 0, 1, ..., K-1, nothing else. The weight formats (each block's
+data contiguous, the blocks at any stride):
 * float32 (nblk, K, NL), or uint16 (nblk, K, NL) holding bfloat16 bits (widened exactly: the top half
   of a float32);
 * quantized, in groups of QK = 32 k's: per block and group, the quants (k-major, lane-minor), then
-  the lanes' float16 scales (and, Q4_1, minimums). The weight the chain multiplies is the format's
-  dequantized value, computed in registers with one fixed expression (see layout.py's `LAYOUTS`); each is the
-  gguf package's dequantization to the bit, so a quantized tile computes the same chains as the
+  the lanes' float16 scales (and, Q4_1 and Q4_K, minimums; Q4_K, its 6-bit group scales and
+  minimums): Q8_0, Q4_0, Q4_1, Q4_K (layout.py). The weight the chain multiplies is the format's
+  dequantized value, computed in registers with one fixed expression (layout.Format's docstring);
+  each is the gguf package's dequantization to the bit, so a quantized tile computes the same chains as the
   float32 tile on the dequantized weights.
 
 Why this is exact on any x86-64 CPU, for any tile shape:

@@ -123,7 +123,7 @@ class Transformer:
             arr.flags.writeable = False
 
     def __getstate__(self) -> dict:
-        # For Ray's object store (exactspec.ray): the stacked arrays travel once, zero-copy; the
+        # For Ray's object store (exactspec.serve.ray): the stacked arrays travel once, zero-copy; the
         # per-layer views and a lookup table that is a view of the tied head are rebuilt from them.
         s = dict(self.__dict__)
         del s["layers"]
