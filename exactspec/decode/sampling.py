@@ -22,6 +22,9 @@ from .. import kernels as K
 from ..errors import InvalidRequest
 
 
+MIN_TEMPERATURE = 1e-5  # below it (and above 0), sampling is greedy: documented, as vLLM's _SAMPLING_EPS
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
@@ -37,6 +40,8 @@ class SamplingParams:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
                 raise InvalidRequest(f"{name}={v!r}: {rule}", name)
         number("temperature", lambda v: v >= 0, "must be a finite number >= 0")
+        if 0 < self.temperature < MIN_TEMPERATURE:  # logits / 1e-45 overflow: greedy, as vLLM does
+            object.__setattr__(self, "temperature", 0.0)
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise InvalidRequest(f"top_k={self.top_k!r}: must be an integer >= 0 (0 = off)", "top_k")
         number("top_p", lambda v: 0.0 < v <= 1.0, "must be in (0, 1]")

@@ -179,7 +179,8 @@ class Server:
             if r.top_logprobs is not None and not r.logprobs:
                 raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
             prompt = await asyncio.to_thread(self._chat_prompt, r)
-            reqs = await asyncio.to_thread(self._requests, r, prompt, r.max_completion_tokens or r.max_tokens, r.n,
+            limit = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens  # 0 is a limit
+            reqs = await asyncio.to_thread(self._requests, r, prompt, limit, r.n,
                                            (r.top_logprobs or 0) if r.logprobs else None)
             return await self._respond("chat", r, reqs, http, r.logprobs)
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from ..decode.sampling import SamplingParams
 from ..errors import ContextLengthError, InvalidRequest
@@ -46,8 +48,22 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     return (f"{where}: {msg}" if where else msg), where or None
 
 
+def _utf8(v):
+    """Strings (in lists too) must be encodable as UTF-8: JSON allows a lone surrogate (\\ud800), text
+    does not (the tokenizer would fail deep inside: a 500)."""
+    for x in ([v] if isinstance(v, str) else v if isinstance(v, list) else []):
+        if isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"not valid Unicode text (a lone surrogate at character {e.start})") from None
+    return v
+
+
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="allow")  # unknown fields are ignored, as OpenAI's API does
+
+    _check_stop = field_validator("stop")(_utf8)
     model: str | None = None
     max_tokens: int | None = None
     temperature: float = 1.0
@@ -72,7 +88,8 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int]
+    prompt: str | list[StrictInt]  # strict: `true` or "5" is not a token id
+    _check_prompt = field_validator("prompt")(_utf8)
     logprobs: int | None = None  # per token: its logprob and this many alternatives (<= 20)
     echo: bool = False  # the prompt (its tokens' logprobs too) before the completion; max_tokens 0: scoring
     best_of: int | None = None  # candidates generated; the n with the highest mean logprob are returned
@@ -82,18 +99,22 @@ class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: str
     text: str | None = None
+    _check_text = field_validator("text")(_utf8)
 
     @model_validator(mode="after")
     def _text_part_has_text(self) -> "ContentPart":
-        if self.type == "text" and self.text is None:
+        if self.type != "text":  # images, audio, files: refused, never dropped
+            raise ValueError(f"content parts of type {self.type!r} are not supported (text only)")
+        if self.text is None:
             raise ValueError("a content part of type 'text' needs a string 'text'")
         return self
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: str
+    role: Literal["system", "developer", "user", "assistant"]  # tool messages: tools are not supported
     content: str | list[ContentPart] | None = None
+    _check_content = field_validator("content")(_utf8)
 
     def text(self) -> str:
         """The content as text: a string, or the text parts of [{"type": "text", "text": ...}, ...]."""
@@ -112,7 +133,8 @@ class ChatRequest(_Sampling):
 # OpenAI fields we cannot honour: refused when set, rather than silently ignored.
 UNSUPPORTED = {"suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
                "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
-               "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0)}
+               "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+               "function_call": (None, "none"), "parallel_tool_calls": (None,)}
 
 
 def refuse_unsupported(r: BaseModel) -> None:

@@ -96,7 +96,9 @@ def test_stop_string_limits(serve, body, needle):
 @pytest.mark.parametrize("content,status,needle", [
     ([{"type": "text", "text": 5}], 400, "messages.0.content.0.text"),
     ([{"type": "text", "text": None}], 400, "needs a string 'text'"),
-    ([{"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "hi"}], 200, None),
+    ([{"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "hi"}], 400,
+     "'image_url' are not supported"),  # refused, never silently dropped
+    ([{"type": "text", "text": "hi"}, {"type": "text", "text": " there"}], 200, None),
 ])
 def test_chat_content_parts(serve, content, status, needle):
     s = serve()
@@ -254,3 +256,47 @@ def test_startup_arguments_are_checked_before_allocating(folder, capsys, args, n
     assert main(["serve", "--model", str(folder), *args]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1, err
+
+
+HOSTILE = [  # (path, raw JSON body, status, needle in the message, param) -- issue 27's table
+    ("/v1/completions", b'{"prompt": "a\\ud800b", "max_tokens": 2}', 400, "lone surrogate", "prompt"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a\\ud800b"}], "max_tokens": 2}', 400,
+     "lone surrogate", "messages.0.content"),
+    ("/v1/completions", b'{"prompt": "a", "stop": ["\\udfff"], "max_tokens": 2}', 400, "lone surrogate", "stop"),
+    ("/v1/completions", b'{"prompt": [true, 5], "max_tokens": 2}', 400, "valid integer", "prompt.0"),
+    ("/v1/completions", b'{"prompt": ["5"], "max_tokens": 2}', 400, "valid integer", "prompt.0"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "foo", "content": "hi"}], "max_tokens": 2}', 400,
+     "'system', 'developer', 'user' or 'assistant'", "messages.0.role"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": '
+     b'{"url": "http://x/y.png"}}]}], "max_tokens": 2}', 400, "'image_url' are not supported", "messages.0.content.0"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "function_call": "auto"}', 400,
+     "function_call", "function_call"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "parallel_tool_calls": true}',
+     400, "parallel_tool_calls", "parallel_tool_calls"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,needle,param", HOSTILE)
+def test_hostile_request_fields_are_refused_by_name(serve, path, body, status, needle, param):
+    s = serve()
+    r = post(s.url + path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert needle in err["message"] and err["param"] == param, err
+    assert post(s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1}).status_code == 200
+
+
+def test_max_completion_tokens_0_and_a_subnormal_temperature(serve, model):
+    """max_completion_tokens 0 means 0 (it was read as unset); a temperature below 1e-5 is greedy
+    (1e-45 used to overflow the logits into empty special tokens)."""
+    s = serve()
+    c = client(s)
+    msgs = [{"role": "user", "content": "hi"}]
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_completion_tokens=0)
+    assert r.usage.completion_tokens == 0 and r.choices[0].message.content == ""
+    greedy = c.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=12, temperature=0)
+    for t in (1e-45, 1e-320, 5e-6):
+        tiny = c.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=12, temperature=t, seed=3)
+        assert tiny.choices[0].text == greedy.choices[0].text, t
+    assert model.generate("def add(a, b):", 12, temperature=1e-45, seed=3).token_ids == \
+        model.generate("def add(a, b):", 12).token_ids
