@@ -4,6 +4,8 @@ through its cache, which honours HF_HUB_OFFLINE / HF_HUB_CACHE / HF_HOME), and w
 packed weights, tokenizer and EOS ids (`open_checkpoint`, which `exactspec.load` wraps in a Model)."""
 from __future__ import annotations
 
+import errno
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,15 @@ def resolve(source: str | Path) -> Path:
     path = Path(source).expanduser()
     if path.exists():
         return path
+    if path.is_symlink():  # a loop, or a link to nothing: a local path, never a hub id
+        try:
+            path.resolve(strict=True)
+        except RuntimeError:  # pathlib's "Symlink loop" (3.11)
+            raise CheckpointError(f"{path}: a symlink loop") from None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise CheckpointError(f"{path}: a symlink loop") from None
+        raise CheckpointError(f"{path}: a symlink to {os.readlink(path)!r}, which does not exist")
     text = str(source)
     m = _HUB.fullmatch(text)
     if m is None or text.startswith((".", "/", "~")):

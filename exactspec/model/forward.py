@@ -15,6 +15,7 @@ compiles the same source.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,7 @@ from ..kernels.linear import ADD, STORE, SWIGLU, _linear_block
 from ..kernels.pack import PackedWeight
 from ..kernels.rows import _qkv_rope_cache, _rmsnorm
 from ..kernels.threads import TwoBuilds
+from .memory import ensure_fits
 
 
 def _embed(table, tokens, x):
@@ -193,15 +195,20 @@ class Stack:
 
     @staticmethod
     def empty(like: Layer, n_layers: int) -> "Stack":
-        a, shapes = {}, {}
+        """Room for `n_layers` layers shaped as `like`, checked against the available memory first (a
+        config's layer count is not trusted to size an allocation)."""
+        want, shapes = {}, {}  # name -> (shape, dtype)
         for name in _NORMS:
-            a[name] = np.empty((n_layers,) + getattr(like, name).shape, np.float32)
+            want[name] = ((n_layers,) + getattr(like, name).shape, np.dtype(np.float32))
         for name in _LINEARS + ("w_gate",):
             w: PackedWeight = getattr(like, name)
             shape = w.data.shape if name != "w_gate" else (2 * w.data.shape[0],) + w.data.shape[1:]
-            a[name] = np.empty((n_layers,) + shape, w.data.dtype)
-            a["b_" + name] = np.empty((n_layers, w.bias.shape[0] * (2 if name == "w_gate" else 1)), np.float32)
+            want[name] = ((n_layers,) + shape, w.data.dtype)
+            want["b_" + name] = ((n_layers, w.bias.shape[0] * (2 if name == "w_gate" else 1)), np.dtype(np.float32))
             shapes[name] = (w.n, w.k)
+        nbytes = sum(math.prod(shape) * dt.itemsize for shape, dt in want.values())
+        ensure_fits(nbytes, f"the weights of {n_layers} layers", "num_hidden_layers")
+        a = {name: np.empty(shape, dt) for name, (shape, dt) in want.items()}
         work = sum(n * k for n, k in shapes.values()) + like.w_up.n * like.w_up.k
         return Stack(a, shapes, work * n_layers)
 

@@ -17,6 +17,7 @@ import torch
 
 from ..kernels import quant as Q
 from .config import ModelConfig
+from .gguf_header import check_header
 from ..errors import CheckpointError, UnsupportedModelError, WeightError
 from ..text.tokenizer import Tokenizer
 
@@ -49,6 +50,7 @@ def gguf_name(hf: str) -> str | None:
 
 def _reader(path: Path):
     import gguf
+    check_header(path)  # every count against the file's size first: the reader trusts them
     try:
         return gguf.GGUFReader(str(path))
     except (ValueError, OSError, IndexError, KeyError) as e:  # gguf raises ValueError on a bad magic/version
@@ -76,26 +78,38 @@ class GGUFFile:
             return default
         return f.contents()
 
+    def _count(self, key: str, default=_REQUIRED) -> int:
+        """A size or count from the metadata: an integer >= 1 (0 heads divided by zero, deep inside)."""
+        v = self._field(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise CheckpointError(f"{self.path}: metadata field {key!r} is {v!r}, expected an integer >= 1")
+        return int(v)
+
     def _config(self) -> ModelConfig:
         a = self.arch
         g = lambda k: self._field(f"{a}.{k}")  # noqa: E731
         if "rope_freqs.weight" in self.tensors or self._field(f"{a}.rope.scaling.type", "none") not in ("none", ""):
             raise UnsupportedModelError(f"{self.path}: rope scaling (rope_freqs / {a}.rope.scaling.*) is not supported "
                                         "for GGUF files yet")
-        n_heads = int(g("attention.head_count"))
-        hidden = int(g("embedding_length"))
+        n_heads = self._count(f"{a}.attention.head_count")
+        hidden = self._count(f"{a}.embedding_length")
+        n_layers = self._count(f"{a}.block_count")
+        if f"blk.{n_layers - 1}.attn_norm.weight" not in self.tensors or f"blk.{n_layers}.attn_norm.weight" in self.tensors:
+            have = sum(1 for n in self.tensors if n.endswith(".attn_norm.weight") and n.startswith("blk."))
+            raise CheckpointError(f"{self.path}: metadata field '{a}.block_count' is {n_layers}, the file has "
+                                  f"tensors of {have} layers")
         tokens = self._field("tokenizer.ggml.tokens", None)
         vocab = int(self._field(f"{a}.vocab_size", None) or (len(tokens) if tokens else 0))
         if not vocab:
             vocab = int(self.tensors["token_embd.weight"].shape[1]) if "token_embd.weight" in self.tensors else 0
         eos = self._field("tokenizer.ggml.eos_token_id", None)
         return ModelConfig(
-            arch=a, vocab_size=vocab, hidden_size=hidden, intermediate_size=int(g("feed_forward_length")),
-            n_layers=int(g("block_count")), n_heads=n_heads,
-            n_kv_heads=int(self._field(f"{a}.attention.head_count_kv", n_heads)),
-            head_dim=int(self._field(f"{a}.attention.key_length", hidden // n_heads)),
+            arch=a, vocab_size=vocab, hidden_size=hidden, intermediate_size=self._count(f"{a}.feed_forward_length"),
+            n_layers=n_layers, n_heads=n_heads,
+            n_kv_heads=self._count(f"{a}.attention.head_count_kv", n_heads),
+            head_dim=self._count(f"{a}.attention.key_length", hidden // n_heads),
             rms_norm_eps=float(g("attention.layer_norm_rms_epsilon")),
-            max_position_embeddings=int(g("context_length")),
+            max_position_embeddings=self._count(f"{a}.context_length"),
             rope_theta=float(self._field(f"{a}.rope.freq_base", 10000.0)), rope_scaling=None,
             tie_word_embeddings="output.weight" not in self.tensors,
             qkv_bias="blk.0.attn_q.bias" in self.tensors, o_bias="blk.0.attn_output.bias" in self.tensors,

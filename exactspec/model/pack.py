@@ -3,6 +3,8 @@ in, and each layer's weights read, stacked (q/k/v as one qkv weight) and packed.
 computes; `Transformer.__init__` stacks what `Packer.layer` returns."""
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
 import torch
 
@@ -31,15 +33,21 @@ class Packer:
         # formats, a kind stays quantized only if every layer's tensors of it share one (the kernel
         # takes one format per stacked weight); otherwise it is `dtype`.
         self.stored = store.quant_formats() if quant == "keep" and hasattr(store, "quant_formats") else {}
-        self.fmt = {kind: self._format([f"model.layers.{i}.{n}" for i in range(cfg.n_layers) for n in names])
+        self.fmt = {kind: self._format(f"model.layers.{i}.{n}" for i in range(cfg.n_layers) for n in names)
                     for kind, names in KINDS.items()}
         self.fmt["embed"] = self._format([EMBED])
 
-    def _format(self, names: list[str]) -> str | None:
+    def _format(self, names: Iterable[str]) -> str | None:
         if self.quant in Q.FORMATS:
             return self.quant
-        fmts = {self.stored.get(n) for n in names}
-        return fmts.pop() if len(fmts) == 1 and None not in fmts else None
+        if not self.stored:
+            return None
+        fmts = set()
+        for n in names:  # stops at the first tensor not stored quantized (a layer count may be a lie)
+            fmts.add(self.stored.get(n))
+            if None in fmts or len(fmts) > 1:
+                return None
+        return fmts.pop() if fmts else None
 
     def name(self) -> str:
         """e.g. "q4_1+q8_0+float32": the formats kept, then the rest."""

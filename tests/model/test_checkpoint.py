@@ -157,3 +157,25 @@ def test_cli_diff_takes_a_gguf_file(gguf_and_folder, capsys):
     assert main(["diff", "--model", str(path), "--prompt", "def f(x):", "--max-new-tokens", "8"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert "diverged" in report and isinstance(report["text_a"], str)
+
+
+def test_a_symlink_loop_or_dangling_link_is_named_never_a_hub_id(tmp_path, monkeypatch):
+    """Issue 27: `--model` at a symlink loop was taken for a hub id (and went to the network)."""
+    import huggingface_hub
+
+    def no_network(*a, **kw):
+        raise AssertionError("a local path went to the hub")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_network)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_network)
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(exactspec.CheckpointError, match="a: a symlink loop"):
+        exactspec.load("a")  # "a" alone is not a hub id; "org/name" shaped is:
+    (tmp_path / "org").mkdir()
+    (tmp_path / "org" / "name").symlink_to(tmp_path / "org" / "name")
+    with pytest.raises(exactspec.CheckpointError, match="org/name: a symlink loop"):
+        exactspec.load("org/name")
+    (tmp_path / "org" / "gone").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(exactspec.CheckpointError, match="which does not exist"):
+        exactspec.load("org/gone")

@@ -155,3 +155,52 @@ def test_bad_gguf_files_are_named_errors(tmp_path):
     w.close()
     with pytest.raises(UnsupportedModelError, match="GGUF architecture 'gpt2'"):
         exactspec.load(tmp_path / "gpt2.gguf")
+
+
+def _patch_field(path, key: str, fmt: str, value, skip: int = 4) -> None:
+    """Overwrite the value of metadata `key` in place: after the key, `skip` bytes (its type; an
+    array's type and element type: 8), then `value` packed as `fmt`."""
+    import struct
+    raw = bytearray(path.read_bytes())
+    at = raw.index(key.encode()) + len(key) + skip
+    struct.pack_into(fmt, raw, at, value)
+    path.write_bytes(bytes(raw))
+
+
+def test_hostile_gguf_counts_are_named_before_anything_is_allocated(tmp_path, capsys):
+    """Issue 27: an array count of 2**61 (the gguf reader trusted it: minutes, gigabytes), a block
+    count of 10**6 (a 2 TiB allocation), 0 heads (ZeroDivisionError): each a one-line error naming
+    the field, at once."""
+    from exactspec.cli import main
+    hf = random_model("llama", hidden=64)
+    w = gguf.GGUFWriter(str(tmp_path / "arr.gguf"), "llama")
+    w.add_array("tokenizer.ggml.token_type", [1, 1, 3])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    _patch_field(tmp_path / "arr.gguf", "tokenizer.ggml.token_type", "<Q", 2 ** 61, skip=8)
+    with pytest.raises(CheckpointError, match=r"'tokenizer\.ggml\.token_type' claims 2305843009213693952 entries"):
+        exactspec.load(tmp_path / "arr.gguf")
+    assert main(["generate", "--model", str(tmp_path / "arr.gguf"), "--prompt", "x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "token_type" in err and len(err.splitlines()) == 1, err
+    for key, value, needle in (("llama.block_count", 10 ** 6, r"'llama\.block_count' is 1000000, the file has "
+                                                              r"tensors of 2 layers"),
+                               ("llama.attention.head_count", 0, r"'llama\.attention\.head_count' is 0, expected an "
+                                                                 r"integer >= 1")):
+        path = write_gguf(hf, tmp_path / f"{key}.gguf")
+        _patch_field(path, key, "<I", value)
+        with pytest.raises(CheckpointError, match=needle):
+            exactspec.load(path)
+
+
+def test_a_config_with_a_million_layers_is_refused_before_allocating(ckpt, tmp_path):
+    import json
+    import shutil
+    folder = shutil.copytree(ckpt("llama"), tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["num_hidden_layers"] = 10 ** 6
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(exactspec.InvalidRequest, match="the weights of 1000000 layers needs .* GB available"):
+        exactspec.load(folder)

@@ -1,0 +1,108 @@
+"""A GGUF file's header checked against the file's size before the gguf package parses it.
+
+The gguf reader trusts every count it reads: a metadata array claiming 2**61 entries made it build
+lists for minutes, gigabytes deep. Here every length and count (strings, arrays, key/value pairs,
+tensor infos, tensor dimensions) is checked against the bytes that could hold it, in one pass over
+the header with no allocation that a count sizes; a bad one is a CheckpointError naming the field.
+Little-endian files only (what llama.cpp writes; the gguf reader's byte-swapped path is refused)."""
+from __future__ import annotations
+
+import mmap
+import struct
+from pathlib import Path
+
+from ..errors import CheckpointError
+
+_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUFValueType -> bytes
+_STRING, _ARRAY = 8, 9
+MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
+class _Cursor:
+    def __init__(self, buf, path: Path):
+        self.buf, self.at, self.path, self.size = buf, 0, path, len(buf)
+
+    def fail(self, what: str) -> CheckpointError:
+        return CheckpointError(f"{self.path}: not a readable GGUF file ({what}; the file has {self.size} bytes: "
+                               "truncated or corrupt)")
+
+    def take(self, n: int, what: str) -> int:
+        if n < 0 or self.at + n > self.size:
+            raise self.fail(f"{what} runs past the end of the file")
+        at, self.at = self.at, self.at + n
+        return at
+
+    def u32(self, what: str) -> int:
+        return struct.unpack_from("<I", self.buf, self.take(4, what))[0]
+
+    def u64(self, what: str) -> int:
+        return struct.unpack_from("<Q", self.buf, self.take(8, what))[0]
+
+    def string(self, what: str) -> bytes:
+        n = self.u64(what)
+        if n > self.size - self.at:
+            raise self.fail(f"{what} claims a string of {n} bytes")
+        return bytes(self.buf[self.take(n, what): self.at])
+
+    def value(self, vtype: int, what: str, depth: int = 0) -> None:
+        if vtype in _SCALAR:
+            self.take(_SCALAR[vtype], what)
+        elif vtype == _STRING:
+            self.string(what)
+        elif vtype == _ARRAY and depth < 2:
+            etype, count = self.u32(what), self.u64(what)
+            least = _SCALAR.get(etype, 8 if etype == _STRING else 12 if etype == _ARRAY else None)
+            if least is None:
+                raise self.fail(f"metadata field {what!r}: unknown array element type {etype}")
+            if count > (self.size - self.at) // least:
+                raise self.fail(f"metadata field {what!r} claims {count} entries")
+            if etype in _SCALAR:
+                self.take(count * least, what)
+            else:
+                for _ in range(count):
+                    self.value(etype, what, depth + 1)
+        else:
+            raise self.fail(f"metadata field {what!r}: unknown value type {vtype}")
+
+
+def check_header(path: Path) -> None:
+    """CheckpointError naming the field if any count or length in `path`'s header cannot be true."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            _check(_Cursor(buf, path), GGML_QUANT_SIZES, GGMLQuantizationType)
+    except ValueError as e:  # an empty file cannot be mapped
+        raise CheckpointError(f"{path}: not a readable GGUF file ({e})") from None
+
+
+def _check(c: _Cursor, sizes, qtype) -> None:
+    if c.size < 24 or bytes(c.buf[:4]) != b"GGUF":
+        raise c.fail("no GGUF magic")
+    c.take(4, "magic")
+    version = c.u32("version")
+    if version not in (2, 3):
+        raise c.fail(f"GGUF version {version} (2 and 3 are read)")
+    n_tensors, n_kv = c.u64("tensor_count"), c.u64("kv_count")
+    if n_kv > (c.size - c.at) // 12:
+        raise c.fail(f"kv_count {n_kv} key/value pairs")
+    if n_tensors > (c.size - c.at) // 24:
+        raise c.fail(f"tensor_count {n_tensors} tensors")
+    for _ in range(n_kv):
+        key = c.string("a metadata key").decode("utf-8", "replace")
+        c.value(c.u32(f"{key}'s type"), key)
+    for _ in range(n_tensors):
+        name = c.string("a tensor name").decode("utf-8", "replace")
+        n_dims = c.u32(f"tensor {name!r}'s n_dims")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise c.fail(f"tensor {name!r}: {n_dims} dimensions")
+        elements = 1
+        for _ in range(n_dims):
+            elements *= c.u64(f"tensor {name!r}'s shape")
+        t = c.u32(f"tensor {name!r}'s type")
+        try:
+            block, nbytes = sizes[qtype(t)]
+        except (ValueError, KeyError):
+            raise c.fail(f"tensor {name!r}: unknown type {t}") from None
+        if elements // block * nbytes > c.size:
+            raise c.fail(f"tensor {name!r} claims {elements} elements")
+        c.u64(f"tensor {name!r}'s offset")
