@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from .drafters import Drafter
-from ..errors import GenerationError
+from ..errors import GenerationError, InvalidRequest
 from ..model.transformer import Rows, Transformer
 from .request import Request
 from .sampling import TokenLogprob, pick, pick_rows, processed_logits, token_logprobs
@@ -98,7 +98,9 @@ class SeqState:
     tag: object = None  # the caller's handle (engine request, prompt index)
     finish_reason: str | None = None  # "stop" (EOS) | "length" | "cancelled" | "error"
     error: Exception | None = None  # what ended it, when finish_reason is "error"
-    prefilled: bool = False
+    prefilled: bool = False  # the whole prompt is in the cache and the first token picked
+    fed: int = 0  # prompt tokens in the cache so far (a prompt may be fed in chunks)
+    feeding: int = 0  # where this step's chunk ends
     joined_at: float = field(default_factory=time.perf_counter)
     stats: Stats = field(default_factory=Stats)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if the request asks
@@ -112,12 +114,19 @@ class SeqState:
 
 class Batch:
     """Sequences decoded together, one target forward per `step`. Sequences join (`add`) and
-    leave (finish, `cancel`) between steps: continuous batching. A step feeds the whole prompt
-    of each newly added sequence and [last token] + drafts of each running one, in one forward;
-    thanks to batch invariance no sequence's tokens depend on what else is in the batch."""
+    leave (finish, `cancel`) between steps: continuous batching. A step feeds the prompt of each
+    newly added sequence (whole, or its next `prefill_chunk` tokens: a long prompt then shares its
+    steps with the others' decoding, and a cancel stops it at the next chunk) and [last token] +
+    drafts of each running one, in one forward. Thanks to batch invariance no sequence's tokens
+    depend on what else is in the batch, nor on how its prompt was chunked: a position's keys and
+    values are a function of its prefix alone, whichever step wrote them."""
 
-    def __init__(self, target: Transformer, n_slots: int, capacity: int, drafter: Drafter | None = None):
-        self.target, self.drafter = target, drafter
+    def __init__(self, target: Transformer, n_slots: int, capacity: int, drafter: Drafter | None = None,
+                 prefill_chunk: int = 0):
+        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 0:
+            raise InvalidRequest(f"prefill_chunk={prefill_chunk!r}: must be an integer >= 0 (0: whole prompts)",
+                                 "prefill_chunk")
+        self.target, self.drafter, self.prefill_chunk = target, drafter, prefill_chunk
         self.capacity = min(capacity, target.max_context)
         self.cache = target.new_cache(n_slots, self.capacity)
         self._free = list(range(n_slots - 1, -1, -1))
@@ -202,8 +211,11 @@ class Batch:
 
     def _rows(self, new: list[SeqState], old: list[SeqState], drafts: list[list[int]]) -> Rows:
         rows = Rows()
-        for s in new:  # the whole prompt; only its last row's logits are needed
-            rows.add(s.slot, s.tokens, 0)
+        for s in new:  # the prompt (or its next chunk); only the prompt's last row's logits are needed
+            n = len(s.tokens)
+            s.feeding = min(n, s.fed + self.prefill_chunk) if self.prefill_chunk else n
+            chunk = s.tokens[s.fed: s.feeding]
+            rows.add(s.slot, chunk, s.fed, logits_from=None if s.feeding == n else len(chunk))
         for s, d in zip(old, drafts):  # [last token] + drafts at positions len-1, len, ...
             rows.add(s.slot, [s.tokens[-1]] + d, len(s.tokens) - 1, logits_from=0)
         return rows
@@ -211,9 +223,14 @@ class Batch:
     def _accept(self, new: list[SeqState], old: list[SeqState], drafts: list[list[int]],
                 logits: torch.Tensor) -> list[tuple[SeqState, list[int]]]:
         """Pick the target's token at every row; keep the drafts up to the first disagreement."""
-        out = []
-        for i, s in enumerate(new):
+        out, r = [], 0
+        for s in new:
+            s.fed = s.feeding
+            if s.fed < len(s.tokens):  # a chunk of the prompt: no logits yet
+                out.append((s, []))
+                continue
             s.prefilled = True
+            i, r = r, r + 1
             try:
                 t = pick(logits[i], s.req.params, len(s.tokens), s.tokens)
             except Exception as e:  # nothing of s was changed: fail s alone
@@ -221,7 +238,6 @@ class Batch:
                 out.append((s, []))
                 continue
             out.append((s, self._commit(s, [t], logits[i: i + 1])))
-        r = len(new)
         for s, d in zip(old, drafts):
             n = len(s.tokens)
             rows = logits[r: r + len(d) + 1]

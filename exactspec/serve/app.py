@@ -56,7 +56,8 @@ class Server:
         DraftLength(self.num_draft_tokens)  # a bad k fails at start, not in every request
         self.limits = dataclasses.replace(model.net.limits, max_stops=opts.max_stops,
                                           max_stop_chars=opts.max_stop_chars)
-        self.engine = Engine(model.net, drafter, opts.max_batch, opts.max_queue)  # the KV cache: checked to fit
+        self.engine = Engine(model.net, drafter, opts.max_batch, opts.max_queue,  # the KV cache: checked to fit
+                             opts.prefill_chunk)
         self.metrics = Metrics(self.engine)
         self.app = self._build()
 

@@ -71,8 +71,8 @@ class EngineStats:  # what /metrics reports beside the server's own counters
 
 class Engine:
     def __init__(self, target: Transformer, drafter: Drafter | None = None, max_batch: int = 8,
-                 max_queue: int = 64):
-        self.batch = Batch(target, max_batch, target.max_context, drafter)
+                 max_queue: int = 64, prefill_chunk: int = 0):
+        self.batch = Batch(target, max_batch, target.max_context, drafter, prefill_chunk)
         self.max_queue = max_queue
         self.queue: collections.deque[Job] = collections.deque()
         self.active: list[Job] = []

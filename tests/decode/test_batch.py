@@ -52,3 +52,50 @@ def test_full_batch_refuses_another(ckpt):
     assert not b.has_room
     with pytest.raises(GenerationError, match="no free slot"):
         b.add(target.request([3], 4))
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 16])
+@pytest.mark.parametrize("drafter_kind", ["none", "model", "lookup"])
+def test_chunked_prefill_gives_the_same_tokens_and_logprobs(ckpt, chunk, drafter_kind):
+    """A prompt fed in chunks of any size (each chunk's rows attend the keys earlier chunks wrote)
+    gives bitwise the whole prefill's tokens and logprobs; meanwhile a short sequence decodes a
+    token every step instead of waiting for the long prompt."""
+    target = exactspec.load(ckpt("qwen3"))
+    draft = exactspec.load(ckpt("llama", seed=7, layers=1, hidden=32))
+    long, short = list(range(3, 60)), [5, 6, 7]
+    kw = dict(temperature=0.8, seed=5, ignore_eos=True, logprobs=2)
+    want = {n: target.generate(p, 12, **kw) for n, p in (("long", long), ("short", short))}
+    drafter = {"none": None, "model": DraftModelDrafter(draft.net), "lookup": LookupDrafter()}[drafter_kind]
+    b = Batch(target.net, n_slots=2, capacity=128, drafter=drafter, prefill_chunk=chunk)
+    k = 3 if drafter is not None else 0
+    s = b.add(target.request(short, 12, num_draft_tokens=k, **kw))
+    b.step()  # short: prefilled (3 tokens <= chunk, or chunked too when chunk = 1)
+    while not s.prefilled:
+        b.step()
+    g = b.add(target.request(long, 12, num_draft_tokens=k, **kw))
+    steps_while_long_prefills = 0
+    while not g.prefilled:
+        before = len(s.generated)
+        b.step()
+        steps_while_long_prefills += 1
+        assert s.finish_reason is not None or len(s.generated) > before  # the short one never waits
+    assert steps_while_long_prefills == -(-len(long) // chunk)
+    while b.running:
+        b.step()
+    for seq, name in ((g, "long"), (s, "short")):
+        assert seq.generated == want[name].token_ids, name
+        assert [(x.token, x.logprob, x.top) for x in seq.logprobs] == \
+            [(x.token, x.logprob, x.top) for x in want[name].logprobs], name
+
+
+def test_a_cancel_stops_a_long_prefill_at_the_next_chunk(ckpt):
+    target = exactspec.load(ckpt("llama"))
+    b = Batch(target.net, n_slots=1, capacity=256, prefill_chunk=8)
+    s = b.add(target.request(list(range(3, 200)), 4))
+    b.step()
+    b.step()
+    assert s.fed == 16 and not s.prefilled
+    b.cancel(s)
+    assert not b.running and b.step() == [] and b.stats.forward_passes == 2
+    with pytest.raises(exactspec.InvalidRequest, match="prefill_chunk=-1"):
+        Batch(target.net, n_slots=1, capacity=8, prefill_chunk=-1)
