@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-connections", type=int, default=512, help="open connections before 503")
     v.add_argument("--keep-alive", type=float, default=5.0, help="seconds an idle keep-alive connection stays")
     v.add_argument("--read-timeout", type=float, default=15.0, help="seconds a request's headers and body may take")
+    v.add_argument("--shutdown-grace", type=float, default=10.0,
+                   help="on SIGTERM/SIGINT: seconds in-flight requests may finish before each is ended cleanly")
     v.add_argument("--ray", action="store_true", help="serve replicas on Ray Serve (pip install 'exactspec[ray]')")
     v.add_argument("--replicas", type=int, default=1, help="--ray: replicas (each one engine)")
     v.add_argument("--max-replicas", type=int, default=None, help="--ray: autoscale from --replicas up to this")

@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import secrets
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -36,7 +37,7 @@ from ..decode.drafters import Drafter
 from ..decode.request import DraftLength, Request
 from ..errors import ExactSpecError, InvalidRequest
 from ..text import chat
-from .asgi import BodyLimit, Guard, uvicorn_config
+from .asgi import BodyLimit, DrainingServer, Guard, uvicorn_config
 from .engine import Engine, QueueFull
 from .metrics import Metrics
 from .options import ServeOptions
@@ -59,7 +60,23 @@ class Server:
         self.engine = Engine(model.net, drafter, opts.max_batch, opts.max_queue,  # the KV cache: checked to fit
                              opts.prefill_chunk)
         self.metrics = Metrics(self.engine)
+        self.draining_since: float | None = None  # monotonic time of the shutdown signal
         self.app = self._build()
+
+    # -- shutdown -------------------------------------------------------------------------------
+    def drain(self) -> None:
+        """A shutdown signal arrived: admit nothing new (503), let in-flight requests finish for
+        `shutdown_grace` seconds, then end each (a stream with an error event and [DONE], a waiting
+        non-streaming request with a JSON 503)."""
+        if self.draining_since is None:
+            self.draining_since = time.monotonic()
+            log.warning("exactspec server: shutting down; in-flight requests have %.0f s", self.opts.shutdown_grace)
+
+    def drain_left(self) -> float | None:
+        """Seconds of grace left (None: not shutting down)."""
+        if self.draining_since is None:
+            return None
+        return self.opts.shutdown_grace - (time.monotonic() - self.draining_since)
 
     def _requests(self, r: _Sampling, prompt: list[int], max_tokens: int | None, count: int,
                   logprobs: int | None) -> list[Request]:
@@ -149,9 +166,11 @@ class Server:
         @app.get("/health")
         async def health() -> JSONResponse:
             e = self.engine
-            body = {"status": "ok" if e.alive else "engine stopped", "engine_alive": e.alive, "running": e.running,
-                    "queued": e.queued, "max_queue": e.max_queue}
-            return JSONResponse(body, status_code=200 if e.alive else 503)
+            ok = e.alive and self.draining_since is None
+            status = "ok" if ok else "shutting down" if self.draining_since is not None else "engine stopped"
+            body = {"status": status, "engine_alive": e.alive, "running": e.running, "queued": e.queued,
+                    "max_queue": e.max_queue}
+            return JSONResponse(body, status_code=200 if ok else 503)
 
         @app.get("/metrics")
         async def metrics() -> PlainTextResponse:
@@ -185,15 +204,14 @@ class Server:
                                            (r.top_logprobs or 0) if r.logprobs else None)
             return await self._respond("chat", r, reqs, http, r.logprobs)
 
-        return Guard(BodyLimit(app, opts.max_body_bytes), opts, m)
+        return Guard(BodyLimit(app, opts.max_body_bytes), opts, m, lambda: self.draining_since is not None)
 
 
 def serve(model: Model, name: str, host: str, port: int, drafter: Drafter | None, num_draft_tokens: int | str,
           opts: ServeOptions = ServeOptions()) -> None:
-    import uvicorn
     s = Server(model, name, drafter, num_draft_tokens, opts)
     print(f"exactspec: serving {name} ({model.folder}) on http://{host}:{port}/v1", file=sys.stderr, flush=True)
     try:
-        uvicorn.Server(uvicorn_config(s.app, host, port, opts)).run()
+        DrainingServer(uvicorn_config(s.app, host, port, opts), s.drain).run()
     finally:
         s.engine.stop()

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from typing import Callable
+
+import uvicorn
 
 from fastapi.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -72,8 +75,8 @@ class Guard:
     """ASGI middleware: the API key (401, constant-time compare) and the per-route request count
     (labelled by the matched route's template, never by the raw path a client sent)."""
 
-    def __init__(self, app, opts: ServeOptions, metrics: Metrics):
-        self.app, self.metrics, self.protect_all = app, metrics, opts.protect_metrics
+    def __init__(self, app, opts: ServeOptions, metrics: Metrics, draining: Callable[[], bool] = lambda: False):
+        self.app, self.metrics, self.protect_all, self.draining = app, metrics, opts.protect_metrics, draining
         self.key = opts.api_key.encode() if opts.api_key else None
 
     async def __call__(self, scope, receive, send):
@@ -95,6 +98,12 @@ class Guard:
                 await resp(scope, receive, send_status)
                 self.metrics.requests.labels("(unauthorized)", "401").inc()
                 return
+        if self.draining() and scope["path"].startswith("/v1/"):  # shutting down: nothing new is admitted
+            resp = JSONResponse(error_body("the server is shutting down; retry (on another replica)", "server_error"),
+                                status_code=503, headers={"Connection": "close", "Retry-After": "1"})
+            await resp(scope, receive, send_status)
+            self.metrics.requests.labels("(shutting down)", "503").inc()
+            return
         try:
             await self.app(scope, receive, send_status)
         finally:
@@ -138,8 +147,22 @@ class BodyLimit:
 def uvicorn_config(app, host: str, port: int, opts: ServeOptions):
     """uvicorn with the limits for slow or many clients: idle keep-alive and request-read timeouts,
     a connection limit (503 above), 16 KB of headers at most."""
-    import uvicorn
     proto = type("ReadTimeoutH11", (ReadTimeoutH11,), {"read_timeout_s": opts.read_timeout})
-    return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2,
+    return uvicorn.Config(app, host=host, port=port, log_level="warning",
+                          timeout_graceful_shutdown=opts.shutdown_grace + 5,  # our drain ends streams before it
                           timeout_keep_alive=max(1, round(opts.keep_alive)), limit_concurrency=opts.max_connections,
                           h11_max_incomplete_event_size=16 * 1024, http=proto)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, telling the app when a shutdown signal (SIGTERM, SIGINT) arrives: uvicorn
+    stops listening and waits for open requests; `on_exit` (Server.drain) gives them their grace
+    period and then ends each cleanly, before uvicorn would cancel them mid-response."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]):
+        super().__init__(config)
+        self.on_exit = on_exit
+
+    def handle_exit(self, sig, frame) -> None:
+        self.on_exit()
+        super().handle_exit(sig, frame)

@@ -28,6 +28,7 @@ class ServeOptions:
     max_connections: int = 512  # uvicorn's limit_concurrency: 503 above
     keep_alive: float = 5.0  # idle keep-alive connections close after this
     read_timeout: float = 15.0  # a request's headers and body must arrive within this
+    shutdown_grace: float = 10.0  # on SIGTERM/SIGINT: seconds in-flight requests may still finish
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -44,10 +44,13 @@ class Generation:
             pass
 
     async def _next(self) -> Event:
-        """The engine's next event; never waits on a dead engine."""
+        """The engine's next event; never waits on a dead engine, nor past a shutdown's grace period."""
         while True:
+            left = self.app.drain_left()
+            if left is not None and left <= 0:
+                raise APIError(503, "the server is shutting down; retry (on another replica)", "server_error")
             try:
-                return await asyncio.wait_for(self.q.get(), timeout=1.0)
+                return await asyncio.wait_for(self.q.get(), timeout=1.0 if left is None else min(1.0, left))
             except asyncio.TimeoutError:
                 if not self.app.engine.alive:
                     raise APIError(503, "the decoding engine stopped; retry later", "server_error") from None

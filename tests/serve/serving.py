@@ -10,11 +10,10 @@ import time
 import httpx
 import openai
 import pytest
-import uvicorn
 
 import exactspec
 from exactspec.serve.app import Server
-from exactspec.serve.asgi import uvicorn_config
+from exactspec.serve.asgi import DrainingServer, uvicorn_config
 from exactspec.serve.options import ServeOptions
 
 
@@ -79,7 +78,7 @@ class InProcess:
         self.srv = Server(model, "tiny", opts=opts, **kw)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.uv = uvicorn.Server(uvicorn_config(self.srv.app, "127.0.0.1", self.port, opts))
+        self.uv = DrainingServer(uvicorn_config(self.srv.app, "127.0.0.1", self.port, opts), self.srv.drain)
         self.thread = threading.Thread(target=self.uv.run, daemon=True)
         self.thread.start()
         deadline = time.time() + 30

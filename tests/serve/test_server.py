@@ -182,3 +182,41 @@ def test_disconnect_frees_the_slot_and_full_queue_answers_429(folder):
         assert done[0].json()["choices"][0]["text"] == done[1].json()["choices"][0]["text"]
     finally:
         s.stop()
+
+
+def test_sigterm_during_8_streams_ends_each_cleanly(folder):
+    """`kill -TERM` on `exactspec serve` while 8 streams run: each ends with [DONE] after a finish
+    reason or an error event (none cut short), the process exits, and its log has no traceback."""
+    import signal
+    import threading
+    s = Running(folder, "--max-batch", "8", "--shutdown-grace", "1")
+    started = threading.Barrier(9)
+
+    def one(i):
+        with httpx.stream("POST", s.url + "/v1/completions", timeout=120,
+                          json={"prompt": f"def f{i}(x):", "max_tokens": 900, "stream": True, "temperature": 0,
+                                "ignore_eos": True}) as r:
+            lines = []
+            for line in r.iter_lines():
+                if line:
+                    lines.append(line)
+                    if len(lines) == 1:
+                        started.wait(60)
+            return lines
+    try:
+        with cf.ThreadPoolExecutor(8) as ex:
+            futs = [ex.submit(one, i) for i in range(8)]
+            started.wait(120)  # every stream has its first chunk
+            s.proc.send_signal(signal.SIGTERM)
+            for f in futs:
+                lines = f.result(timeout=60)
+                assert lines[-1] == "data: [DONE]", lines[-3:]
+                last = json.loads(lines[-2][6:])
+                ended = "error" in last or last["choices"][0]["finish_reason"] is not None
+                assert ended, lines[-3:]
+        # uvicorn re-raises the captured signal once it has shut down: the exit is SIGTERM's own
+        assert s.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+        log = s.proc.stdout.read()
+        assert "Traceback" not in log and "CancelledError" not in log, log[-3000:]
+    finally:
+        s.stop()

@@ -4,6 +4,7 @@ vanished clients. Real uvicorn on 127.0.0.1 (configured as `exactspec serve` doe
 import concurrent.futures as cf
 import json
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -300,3 +301,47 @@ def test_max_completion_tokens_0_and_a_subnormal_temperature(serve, model):
         assert tiny.choices[0].text == greedy.choices[0].text, t
     assert model.generate("def add(a, b):", 12, temperature=1e-45, seed=3).token_ids == \
         model.generate("def add(a, b):", 12).token_ids
+
+
+def test_shutdown_admits_nothing_new_and_ends_every_request_cleanly(serve):
+    """SIGTERM/SIGINT (uvicorn's handle_exit): new requests get a JSON 503, /health says so; the
+    requests in flight get `shutdown_grace` seconds, then each stream ends with an error event and
+    [DONE], and a waiting non-streaming request gets a JSON 503 (they were cut mid-stream, or got
+    a plain-text 500). Then uvicorn exits."""
+    s = serve(ServeOptions(shutdown_grace=1.0), gate="closed")
+
+    def stream():
+        with httpx.stream("POST", s.url + "/v1/completions", timeout=60,
+                          json={"prompt": "def f(x):", "max_tokens": 500, "stream": True, "temperature": 0,
+                                "ignore_eos": True}) as r:
+            return r.status_code, [line for line in r.iter_lines() if line]
+    with cf.ThreadPoolExecutor(4) as ex:
+        streams = [ex.submit(stream) for _ in range(2)]
+        whole = ex.submit(post, s.url + "/v1/completions", json={"prompt": "x = 1", "max_tokens": 500})
+        s.until("all three submitted", lambda: s.srv.engine.running + s.srv.engine.queued == 3)
+        for _ in range(8):  # steps, one at a time, until all three are in the batch with tokens out
+            s.gate.step()
+            s.until("the step used", lambda: s.gate.idle)
+        s.uv.handle_exit(signal.SIGTERM, None)
+        assert s.srv.draining_since is not None
+        r = whole.result(timeout=30)
+        assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
+        for f in streams:
+            status, lines = f.result(timeout=30)
+            assert status == 200 and lines[-1] == "data: [DONE]"
+            last = json.loads(lines[-2][6:])
+            assert "shutting down" in last["error"]["message"]
+            assert any(json.loads(x[6:]).get("choices") for x in lines[:-2])  # tokens came first
+    s.thread.join(15)
+    assert not s.thread.is_alive()  # uvicorn exited on its own
+    s.gate.open.set()  # the engine, held at the gate, sees the cancels at its next step
+    s.until("the ended requests leave the batch", lambda: s.srv.engine.running == 0)
+
+
+def test_while_draining_new_requests_get_503(serve):
+    s = serve(ServeOptions(shutdown_grace=30.0))
+    s.srv.drain()  # as the signal does, without stopping uvicorn
+    r = post(s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 2})
+    assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
+    h = get(s.url + "/health")
+    assert h.status_code == 503 and h.json()["status"] == "shutting down"
