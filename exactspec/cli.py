@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
-    v.add_argument("--prefill-chunk", type=int, default=256,
+    v.add_argument("--prefill-chunk", type=int, default=16,
                    help="prompt tokens fed per step (a long prompt shares its steps with the others' decoding; "
                         "output identical for any value)")
     v.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")

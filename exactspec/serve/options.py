@@ -14,7 +14,7 @@ from ..errors import InvalidRequest
 class ServeOptions:
     """What `exactspec serve` lets an operator set; every limit answers with a clear 4xx."""
     max_batch: int = 8  # sequences decoded together
-    prefill_chunk: int = 256  # prompt tokens fed per step: a long prompt interleaves with the others' decoding
+    prefill_chunk: int = 16  # prompt tokens fed per step: a long prompt interleaves with the others' decoding
     max_queue: int = 64  # waiting requests before 429
     max_n: int = 8  # choices (n, best_of) per request
     logprobs_mode: str = "raw"  # "raw" or "processed" (after the sampling filters), as vLLM's flag
