@@ -62,3 +62,15 @@ def serving(*args: str, env: dict | None = None) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def default_model(arg: str | None = None) -> str:
+    """`arg`, else the demo's SmolLM2-135M-Instruct Q4_1 file (cached, or fetched once), else the toy target."""
+    if arg:
+        return arg
+    from exactspec import fetch
+    try:
+        return str(fetch.smollm2(quiet=True))
+    except fetch.FetchError:
+        from exactspec.demo import demo_folder
+        return str(demo_folder() / "target")

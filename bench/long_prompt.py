@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import serving, table  # noqa: E402
+from common import default_model, serving, table  # noqa: E402
 
 SHORT = ["def is_prime(n):", "class Stack:", "import os", "for i in range(10):", "x = [", "while True:"]
 
@@ -40,14 +40,7 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, nargs="+", default=[16, 64, 256, 100000])  # 100000: whole prompts
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    model = a.model
-    if model is None:
-        from exactspec import fetch
-        try:
-            model = str(fetch.smollm2(download=False))
-        except fetch.FetchError:
-            from exactspec.demo import demo_folder
-            model = str(demo_folder() / "target")
+    model = default_model(a.model)
     import exactspec
     tok = exactspec.load(model).tokenizer
     text = Path(exactspec.__file__).parent.joinpath("api.py").read_text() * 4

@@ -16,7 +16,7 @@ import argparse
 import httpx
 import torch
 
-from common import serving
+from common import default_model, serving
 
 ITEMS = [  # (context, choices, index of the right one)
     ("The capital of France is", [" Paris", " Berlin", " Madrid", " Rome"], 0),
@@ -62,19 +62,12 @@ def hf_scores(model, tok, items) -> list[list[float]]:
 
 
 def main() -> None:
-    from exactspec import fetch
-    from exactspec.demo import demo_folder
     from exactspec.hf.diff import load_hf
     from exactspec.model.checkpoint import load_tokenizer
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
     a = ap.parse_args()
-    model = a.model
-    if model is None:
-        try:
-            model = str(fetch.smollm2(download=False))
-        except fetch.FetchError:
-            model = str(demo_folder() / "target")
+    model = default_model(a.model)
     tok = load_tokenizer(model)
     with serving("--model", model, "--dtype", "float32") as url:
         ours = server_scores(url, tok, ITEMS)

@@ -23,19 +23,8 @@ from ray import serve
 import exactspec
 from exactspec.serve import ray as exact_ray
 from exactspec.serve.options import ServeOptions
-from common import table
+from common import default_model, table
 from load import PROMPTS
-
-
-def model_path(arg: str | None) -> str:
-    if arg:
-        return arg
-    from exactspec import fetch
-    try:
-        return str(fetch.smollm2(quiet=True))
-    except fetch.FetchError:
-        from exactspec.demo import demo_folder
-        return str(demo_folder() / "target")
 
 
 def ask(client: openai.OpenAI, i: int, max_tokens: int) -> tuple[str, int, float]:
@@ -76,7 +65,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4, help="per client")
     ap.add_argument("--max-tokens", type=int, default=48)
     a = ap.parse_args()
-    path = model_path(a.model)
+    path = default_model(a.model)
     model = exactspec.load(path)
     print(f"model: {path} ({model.net.dtype}); {a.clients} clients x {a.requests} requests, {a.max_tokens} tokens")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
