@@ -8,8 +8,9 @@ _os.environ.setdefault("NUMBA_DISABLE_INTEL_SVML", "1")
 
 def _numba_cache_dir() -> str:
     # numba's on-disk cache is keyed by the source file of each jitted function only: a change in a
-    # module it calls (the IR tile in kernels/tile.py, a kernel helper) would not invalidate it, and a stale
-    # kernel would run. Key the cache folder by the content of every module of the package (all its subpackages) instead.
+    # module it calls (the IR tile in kernels/tile.py, a kernel helper) would not invalidate it, and a
+    # stale kernel would run. Key the cache folder by the content of every module of the package, its
+    # subpackages included, instead.
     import hashlib
     here = _os.path.dirname(__file__)
     h = hashlib.sha256()

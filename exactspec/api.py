@@ -160,7 +160,8 @@ class Model:
         failed = [i for i, s in enumerate(seqs) if s.finish_reason == "error"]
         if failed:  # never a silently short answer: raise, the other sequences' results attached
             i, s = failed[0], seqs[failed[0]]
-            where = "prompt" if len(seqs) == 1 else f"prompt {i}" + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else "")
+            where = "prompt" if len(seqs) == 1 else f"prompt {i}"
+            where += f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
             err = GenerationError(f"{where}: decoding failed after {len(s.generated)} tokens "
                                   f"({type(s.error).__name__}: {s.error})")
             err.results = results  # every sequence's result; finish_reason "error" for the failed ones

@@ -98,9 +98,7 @@ class SeqState:
     tag: object = None  # the caller's handle (engine request, prompt index)
     finish_reason: str | None = None  # "stop" (EOS) | "length" | "cancelled" | "error"
     error: Exception | None = None  # what ended it, when finish_reason is "error"
-    prefilled: bool = False  # the whole prompt is in the cache and the first token picked
     fed: int = 0  # prompt tokens in the cache so far (a prompt may be fed in chunks)
-    feeding: int = 0  # where this step's chunk ends
     joined_at: float = field(default_factory=time.perf_counter)
     stats: Stats = field(default_factory=Stats)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if the request asks
@@ -110,6 +108,11 @@ class SeqState:
     @property
     def generated(self) -> list[int]:
         return self.tokens[len(self.req.prompt):]
+
+    @property
+    def prefilled(self) -> bool:
+        """The whole prompt is in the cache (its first token picked at that step)."""
+        return self.fed == len(self.req.prompt)
 
 
 class Batch:
@@ -212,24 +215,27 @@ class Batch:
     def _rows(self, new: list[SeqState], old: list[SeqState], drafts: list[list[int]]) -> Rows:
         rows = Rows()
         for s in new:  # the prompt (or its next chunk); only the prompt's last row's logits are needed
-            n = len(s.tokens)
-            s.feeding = min(n, s.fed + self.prefill_chunk) if self.prefill_chunk else n
-            chunk = s.tokens[s.fed: s.feeding]
-            rows.add(s.slot, chunk, s.fed, logits_from=None if s.feeding == n else len(chunk))
+            end = self._chunk_end(s)
+            chunk = s.tokens[s.fed: end]
+            rows.add(s.slot, chunk, s.fed, logits_from=None if end == len(s.tokens) else len(chunk))
         for s, d in zip(old, drafts):  # [last token] + drafts at positions len-1, len, ...
             rows.add(s.slot, [s.tokens[-1]] + d, len(s.tokens) - 1, logits_from=0)
         return rows
+
+    def _chunk_end(self, s: SeqState) -> int:
+        """Where this step's feed of a new sequence's prompt ends (the whole prompt without chunking)."""
+        n = len(s.tokens)
+        return min(n, s.fed + self.prefill_chunk) if self.prefill_chunk else n
 
     def _accept(self, new: list[SeqState], old: list[SeqState], drafts: list[list[int]],
                 logits: torch.Tensor) -> list[tuple[SeqState, list[int]]]:
         """Pick the target's token at every row; keep the drafts up to the first disagreement."""
         out, r = [], 0
         for s in new:
-            s.fed = s.feeding
-            if s.fed < len(s.tokens):  # a chunk of the prompt: no logits yet
+            s.fed = self._chunk_end(s)
+            if not s.prefilled:  # a chunk of the prompt: no logits yet
                 out.append((s, []))
                 continue
-            s.prefilled = True
             i, r = r, r + 1
             try:
                 t = pick(logits[i], s.req.params, len(s.tokens), s.tokens)

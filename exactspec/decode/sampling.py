@@ -8,7 +8,6 @@ sample of softmax(z/T) restricted to the tokens the filters keep.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import secrets
 from dataclasses import dataclass, replace
@@ -56,7 +55,7 @@ class SamplingParams:
         result's stats, so the run replays), 0 for greedy (which never uses it)."""
         if self.seed is not None:
             return self
-        return dataclasses.replace(self, seed=secrets.randbits(63) if self.temperature else 0)
+        return replace(self, seed=secrets.randbits(63) if self.temperature else 0)
 
     @property
     def greedy(self) -> bool:

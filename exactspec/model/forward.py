@@ -15,6 +15,7 @@ compiles the same source.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -212,6 +213,12 @@ class Stack:
         work = sum(n * k for n, k in shapes.values()) + like.w_up.n * like.w_up.k
         return Stack(a, shapes, work * n_layers)
 
+    @functools.cached_property
+    def layers(self) -> tuple[np.ndarray, ...]:
+        """The arrays in `_forward`'s order (made once: a forward is the hot path)."""
+        return tuple(self.arrays[k] for k in ("attn_norm", "wqkv", "b_wqkv", "q_norm", "k_norm", "wo", "b_wo",
+                                              "mlp_norm", "w_gate", "b_w_gate", "w_down", "b_w_down"))
+
     def put(self, i: int, layer: Layer) -> None:
         a = self.arrays
         for name in _NORMS:
@@ -243,9 +250,6 @@ def forward(st: Stack, tokens: np.ndarray, embed: np.ndarray, slot: np.ndarray, 
     logits = np.empty((out_rows.shape[0], head.n), np.float32)
     if tokens.shape[0] == 0:
         return logits
-    a = st.arrays
-    layers = tuple(a[k] for k in ("attn_norm", "wqkv", "b_wqkv", "q_norm", "k_norm", "wo", "b_wo", "mlp_norm",
-                                  "w_gate", "b_w_gate", "w_down", "b_w_down"))
     dims = (Hq, Hkv, D, st.shapes["w_down"][1], np.float32(eps), np.float32(scale), window)
     return _FORWARD.run(tokens.shape[0] * (st.work + head.n * head.k), SERIAL_FORWARD, (tokens, slot, pos, out_rows),
-                        (embed, norm, head.data), layers, dims, (cos, sin, kc, vc), logits)
+                        (embed, norm, head.data), st.layers, dims, (cos, sin, kc, vc), logits)
