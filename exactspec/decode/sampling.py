@@ -65,7 +65,7 @@ class SamplingParams:
 _M64 = (1 << 64) - 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _splitmix(z):
     z = (z + np.uint64(0x9E3779B97F4A7C15))
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -73,7 +73,7 @@ def _splitmix(z):
     return z ^ (z >> np.uint64(31))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _gumbel(seed, position, n, out):
     key = _splitmix(_splitmix(np.uint64(seed)) ^ np.uint64(position))
     for i in range(n):
@@ -88,7 +88,7 @@ def gumbel_noise(seed: int, position: int, n: int) -> np.ndarray:
     return _gumbel(seed, position, n, np.empty(n, np.float64))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _greedy_penalized(z, history, inv, rp):
     # argmax of filtered_logits(z, repetition penalty only): tokens seen in the history are divided
     # by the penalty when positive (torch computes `s / rp` as s * (1 / rp) in float32, and so do

@@ -10,7 +10,7 @@ from ..kernels.attention import _attend
 from ..kernels.threads import SERIAL_WORK, TwoBuilds
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _masked_attention(q, kt, v, mask, scale, out):
     # q (B, Hq, T, D); kt (B, Hkv, D, S); v (B, Hkv, S, D); mask (B or 1, T, S) uint8, 1 = attend;
     # out (B, T, Hq, D). Query row t attends the keys its mask row allows, in ascending cache index

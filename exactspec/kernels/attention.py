@@ -68,7 +68,7 @@ def _attend_task(t, q, kt, v, slot, pos, scale, window, out):
     _attend(q[r, h], kt[s, g], v[s, g], j0, p + 1 - j0, _ALL, scale, out[r, h])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _attention(q, kt, v, slot, pos, scale, window, out):
     for t in prange(q.shape[0] * q.shape[1]):
         _attend_task(t, q, kt, v, slot, pos, scale, window, out)

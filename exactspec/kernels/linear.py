@@ -64,7 +64,7 @@ def _linear_block(x, w, bias, y, b, mode):
         m0 += mr
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _linear(x, w, bias, y):
     for b in prange(w.shape[0]):
         _linear_block(x, w, bias, y, b, STORE)

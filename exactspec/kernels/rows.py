@@ -28,7 +28,7 @@ def _rms_row(x, w, eps, y):
 
 # Serial: a row is tiny work, and a thread-pool wake-up costs more than it. (Serial or parallel
 # compile the same source without fastmath, so the bits are the same either way.)
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _rmsnorm(x, w, eps, y):
     for m in range(x.shape[0]):
         _rms_row(x[m], w, eps, y[m])
@@ -64,7 +64,7 @@ def rmsnorm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 # SwiGLU: gate_up (M, 2I) -> silu(gate) * up (M, I), one row at a time over the fixed width I.
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _silu_mul(gu, y):
     M, I2 = gu.shape
     half = I2 // 2
@@ -105,7 +105,7 @@ def _rope_head(x, c, s, out):
         out[half + i] = x[half + i] * c[half + i] + x[i] * s[half + i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _qkv_rope_cache(qkv, Hq, Hkv, D, q_norm, k_norm, eps, cos, sin, slot, pos, kt, v, q_out):
     tmp = np.empty(D, np.float32)
     kr = np.empty(D, np.float32)
@@ -157,7 +157,7 @@ def _row_max(r):
     return mx
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _softmax(x, y):
     for m in prange(x.shape[0]):
         mx = _row_max(x[m])
@@ -171,7 +171,7 @@ def _softmax(x, y):
     return y
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _log_softmax(x, y):
     for m in prange(x.shape[0]):
         mx = _row_max(x[m])
@@ -202,7 +202,7 @@ def log_softmax(x: torch.Tensor) -> torch.Tensor:
     return _rows(_log_softmax, x)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _cumsum(x, y):
     s = np.float32(0.0)
     for i in range(x.shape[0]):
@@ -224,7 +224,7 @@ def cumsum(x: torch.Tensor) -> torch.Tensor:
 # depends on how long the table is.
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _rope_table(inv_freq, n_pos, cos, sin):
     half = inv_freq.shape[0]
     for p in range(n_pos):

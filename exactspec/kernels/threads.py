@@ -23,6 +23,12 @@ def set_num_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
+def get_num_threads() -> int:
+    """The calling thread's setting: numba's is per thread (a new thread starts from NUMBA_NUM_THREADS),
+    so a thread that runs kernels for another must take it over (serve.engine does)."""
+    return numba.get_num_threads()
+
+
 class TwoBuilds:
     """A parallel kernel and the same source compiled without threads, for calls too small to pay
     a thread-pool wake-up: `run(work, limit, *args)` takes the serial build below `limit`
@@ -37,7 +43,7 @@ class TwoBuilds:
         f = parallel_kernel.py_func
         g = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial", f.__defaults__, f.__closure__)
         g.__qualname__ = f.__qualname__ + "_serial"
-        self.parallel, self.serial = parallel_kernel, njit(cache=True)(g)
+        self.parallel, self.serial = parallel_kernel, njit(cache=True, nogil=True)(g)
 
     def run(self, work: int, limit: int, *args):
         return (self.serial if work < limit else self.parallel)(*args)

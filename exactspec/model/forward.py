@@ -104,7 +104,7 @@ def _embed_impl(table, tokens, x):
     return copy
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _embed_rows(table, tokens, x):
     _embed(table, tokens, x)
     return x
@@ -115,7 +115,7 @@ def embed_rows(table: np.ndarray, tokens: np.ndarray, H: int) -> np.ndarray:
     return _embed_rows(table, tokens, np.empty((tokens.shape[0], H), np.float32))
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _forward(rows, top, layers, dims, cache, logits):
     # rows: tokens, slot, pos (R,) int64 and out_rows (n,) int64 -> logits (n, V) float32.
     # top: embed, final norm, head; layers: the Stack's arrays (a leading layer axis each);

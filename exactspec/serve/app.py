@@ -38,7 +38,7 @@ from ..decode.request import DraftLength, Request
 from ..errors import ExactSpecError, InvalidRequest
 from ..text import chat
 from .asgi import BodyLimit, DrainingServer, Guard, uvicorn_config
-from .engine import Engine, QueueFull
+from .engine import Engine, EngineDown, QueueFull
 from .metrics import Metrics
 from .options import ServeOptions
 from .protocol import APIError, ChatRequest, CompletionRequest, _Sampling, error_body, refuse_unsupported, validation_message
@@ -99,10 +99,13 @@ class Server:
             raise APIError(404, f"The model '{r.model}' does not exist (this server serves '{self.name}')",
                            code="model_not_found", param="model")
 
-    def _score(self, ids: list[int], top: int):
-        """The prompt's token logprobs (scoring pass), serialized with the engine's forwards."""
-        with self.engine.forward_lock:
-            return self.model.score(ids[:1], ids[1:], top)
+    async def _score(self, ids: list[int], top: int):
+        """The prompt's token logprobs: a scoring pass, run by the engine thread between its steps."""
+        try:
+            fut = self.engine.call(lambda: self.model.score(ids[:1], ids[1:], top))
+        except EngineDown as e:
+            raise APIError(503, f"{e}; retry later", "server_error") from None
+        return await asyncio.wrap_future(fut)
 
     def _chat_prompt(self, r: ChatRequest) -> list[int]:
         """Template rendering and tokenizing, in a worker thread (both can be slow)."""
@@ -115,7 +118,7 @@ class Server:
         self.metrics.prompt_tokens.inc(len(reqs[0].prompt))
         prompt_lps = None
         if echo and want_lp:
-            prompt_lps = await asyncio.to_thread(self._score, list(reqs[0].prompt), reqs[0].logprobs or 0)
+            prompt_lps = await self._score(list(reqs[0].prompt), reqs[0].logprobs or 0)
         return await Reply(self, kind, r, reqs, want_lp, echo, prompt_lps).send(http)
 
     # -- the app --------------------------------------------------------------------------------

@@ -6,6 +6,13 @@ Contract: a job's tokens are exactly those of `Model.generate` with the same val
 (batch invariance), whatever else is being decoded beside it. The engine checks no input: a
 Request is validated once, by request.make_request, before it is submitted.
 
+One thread does all the numeric work: the engine thread allocates the KV cache, runs every step
+and every scoring pass (`call`). OpenMP (libgomp, shared by numba's kernels and torch) gives each
+thread that starts a parallel region its own pool of workers; once the pools hold more threads than
+the machine has cores, every worker stops spinning at a barrier and sleeps, and each parallel
+kernel pays a futex wake-up: on 2 cores a server whose main thread had zeroed the KV cache ran at
+half the library's speed (INVARIANCE.md, "Threads on two cores").
+
 Faults: an exception while stepping one job ends that job only (Batch.step isolates it); the
 job gets a GenerationError naming an error id, and the traceback goes to the log under that id.
 Anything else that goes wrong in the loop fails the jobs it touched and the loop goes on; if the
@@ -14,6 +21,7 @@ thread dies all the same, `alive` turns False and `submit` refuses (the server a
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import threading
 import time
@@ -23,6 +31,7 @@ from typing import Callable
 
 from ..decode.drafters import Drafter
 from ..errors import GenerationError
+from ..kernels.threads import get_num_threads, set_num_threads
 from ..decode.loop import Batch, SeqState, Stats
 from ..model.transformer import Transformer
 from ..decode.request import Request
@@ -65,6 +74,8 @@ class EngineStats:  # what /metrics reports beside the server's own counters
     cancelled: int = 0  # jobs ended early: client went away, or a stop string ended it
     cancelled_tokens: int = 0  # tokens those had been given before they were cancelled
     failed: int = 0  # jobs ended by an internal error
+    step_seconds: float = 0.0  # wall time in Batch.step (drafting, the forward, sampling)
+    other_seconds: float = 0.0  # wall time of the engine's own work between steps (admission, callbacks)
     proposed: int = 0  # draft tokens, finished jobs
     accepted: int = 0
 
@@ -72,16 +83,29 @@ class EngineStats:  # what /metrics reports beside the server's own counters
 class Engine:
     def __init__(self, target: Transformer, drafter: Drafter | None = None, max_batch: int = 8,
                  max_queue: int = 64, prefill_chunk: int = 0):
-        self.batch = Batch(target, max_batch, target.max_context, drafter, prefill_chunk)
         self.max_queue = max_queue
         self.queue: collections.deque[Job] = collections.deque()
         self.active: list[Job] = []
+        self.calls: collections.deque[tuple[Callable[[], object], concurrent.futures.Future]] = collections.deque()
         self.cv = threading.Condition()
-        self.forward_lock = threading.Lock()  # one forward at a time: the engine's steps, a scoring pass
         self.stats = EngineStats()
         self.stopped = False
-        self.thread = threading.Thread(target=self._loop, name="exactspec-engine", daemon=True)
+        ready: concurrent.futures.Future = concurrent.futures.Future()
+        threads = get_num_threads()  # the caller's setting (--threads): numba's is per thread
+        self.thread = threading.Thread(target=self._run, args=(target, drafter, max_batch, prefill_chunk, threads, ready),
+                                       name="exactspec-engine", daemon=True)
         self.thread.start()
+        ready.result()  # the Batch (its KV cache checked to fit) or the error that stopped it
+
+    def call(self, fn: Callable[[], object]) -> concurrent.futures.Future:
+        """Run `fn()` on the engine thread between two steps (a scoring pass): its Future."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self.cv:
+            if not self.alive:
+                raise EngineDown("the decoding engine is not running")
+            self.calls.append((fn, fut))
+            self.cv.notify()
+        return fut
 
     @property
     def alive(self) -> bool:
@@ -160,28 +184,63 @@ class Engine:
             if job.seq.finish_reason is not None:  # nothing to generate (max_new_tokens 0)
                 self._finish(job, job.seq.finish_reason)
 
+    def _run(self, target: Transformer, drafter: Drafter | None, max_batch: int, prefill_chunk: int, threads: int,
+             ready: concurrent.futures.Future) -> None:
+        try:
+            set_num_threads(threads)
+            self.batch = Batch(target, max_batch, target.max_context, drafter, prefill_chunk)
+        except BaseException as e:
+            self.stopped = True
+            ready.set_exception(e)
+            return
+        ready.set_result(None)
+        try:
+            self._loop()
+        finally:
+            with self.cv:
+                self.stopped = True
+                calls, self.calls = list(self.calls), collections.deque()
+            for _, fut in calls:
+                if fut.set_running_or_notify_cancel():
+                    fut.set_exception(EngineDown("the decoding engine stopped"))
+
+    def _calls(self) -> None:
+        with self.cv:
+            calls, self.calls = list(self.calls), collections.deque()
+        for fn, fut in calls:
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except Exception as e:
+                    fut.set_exception(e)
+
     def _loop(self) -> None:
         while True:
             with self.cv:
-                while not self.stopped and not self.queue and not self.active:
+                while not self.stopped and not self.queue and not self.active and not self.calls:
                     self.cv.wait()
                 if self.stopped:
                     return
+            t0 = time.perf_counter()
+            self._calls()
+            with self.cv:
                 try:
                     self._admit()
                 except Exception as e:  # a bug in admission: fail what is waiting, keep serving
                     for job in list(self.queue):
                         self._finish(job, "error", e)
                     self.queue.clear()
+            t1 = time.perf_counter()
             try:
-                with self.forward_lock:
-                    events = self.batch.step()
+                events = self.batch.step()
             except Exception as e:  # Batch.step isolates per-sequence faults; this is anything else
                 with self.cv:
                     for job in list(self.active):
                         self.batch.cancel(job.seq)
                         self._finish(job, "error", e)
                 continue
+            t2 = time.perf_counter()
+            self.stats.step_seconds += t2 - t1
             with self.cv:
                 for s, new in events:
                     job: Job = s.tag
@@ -190,3 +249,4 @@ class Engine:
                         self._tell(job, Event(new, logprobs=lp))
                     if s.finish_reason is not None:
                         self._finish(job, s.finish_reason, s.error)
+            self.stats.other_seconds += (t1 - t0) + (time.perf_counter() - t2)
