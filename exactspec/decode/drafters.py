@@ -85,6 +85,7 @@ class DraftModelDrafter(Drafter):
     def release(self, slot: int) -> None:
         self.cached[slot].clear()
         self.known[slot] = 0
+        self.cache.release(slot)
 
     def propose(self, slots, seqs, ks, params) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in seqs]

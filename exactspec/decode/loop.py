@@ -297,6 +297,7 @@ class Batch:
             s.stats.wall_time = now - s.joined_at
             self.seqs.remove(s)
             self._free.append(s.slot)
+            self.cache.release(s.slot)
             if self.drafter is not None:
                 self.drafter.release(s.slot)
 

@@ -10,6 +10,9 @@ from ..kernels.attention import _attend
 from ..kernels.threads import SERIAL_WORK, TwoBuilds
 
 
+_ONE_BLOCK = np.zeros(1, np.int32)
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def _masked_attention(q, kt, v, mask, scale, out):
     # q (B, Hq, T, D); kt (B, Hkv, D, S); v (B, Hkv, S, D); mask (B or 1, T, S) uint8, 1 = attend;
@@ -33,7 +36,8 @@ def _masked_attention(q, kt, v, mask, scale, out):
         hi = S - 1
         while mrow[hi] == 0:
             hi -= 1
-        _attend(q[b, h, t], kt[b, h // grp], v[b, h // grp], lo, hi + 1 - lo, mrow, scale, out[b, t, h])
+        g = h // grp  # the sequence's keys as one block of S (the paged kernel's arithmetic, same bits)
+        _attend(q[b, h, t], kt[b, g:g + 1], v[b, g:g + 1], _ONE_BLOCK, lo, hi + 1 - lo, mrow, scale, out[b, t, h])
     return out
 
 

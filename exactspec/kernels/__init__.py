@@ -29,7 +29,7 @@ target has: speed only), `tile` (the register tile in LLVM IR), `pack` (weights 
 `linear`, `rows` (norms, SwiGLU, rotary, softmax), `attention`, `threads` (pool size, serial/parallel
 builds).
 """
-from .attention import attention, attention_ref
+from .attention import BLOCK, attention, attention_ref
 from .linear import ADD, STORE, SWIGLU, fma_ref, linear, linear_np, linear_ref
 from .pack import PackedWeight, pack_quant, pack_weight
 from .rows import (cumsum, log_softmax, qkv_rope_cache, rmsnorm, rmsnorm_np, rmsnorm_ref, rope_table, silu_mul,

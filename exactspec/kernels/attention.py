@@ -12,29 +12,38 @@ from .threads import SERIAL_WORK, TwoBuilds
 
 
 # ---------------------------------------------------------------------------------------------
-# Attention of each new row over its own sequence's cache.
+# Attention of each new row over its own sequence's cache, which is paged: positions live in
+# blocks of BLOCK, a sequence's blocks anywhere in a pool, found through its row of a block table.
 # Row r (slot s, position p) attends to keys j in [max(0, p - window + 1), p]: the set and the
-# order depend on p alone, never on the cache length or capacity or the other rows.
-# Scores are vectorized across keys (k cache stored transposed, (D, C)), summed over d in order;
-# softmax max is exact; exp sum and the weighted sum of values run over j ascending.
+# order depend on p alone, never on the cache length, the blocks' places in the pool or the other
+# rows. Scores are vectorized across the keys of a block (keys stored transposed, (D, BLOCK) per
+# block), each summed over d in order; softmax max is exact; exp sum and the weighted sum of values
+# run over j ascending. So the bits equal those of one contiguous (D, C) array (one block of C).
 # ---------------------------------------------------------------------------------------------
 
+BLOCK = 16  # positions per KV block: the unit of allocation (and of sharing a prompt prefix)
 _ALL = np.empty(0, np.uint8)  # "no mask": every key in the range is attended
 
 
 @njit(inline="always")
-def _attend(qv, kk, vv, j0, n, mrow, scale, o):
-    # One query row over keys j0 .. j0+n-1 of kk (D, C) and vv (C, D); mrow (C,) uint8 with
-    # 1 = attend, or empty = all. Scores summed over d in order, vectorized across keys; exact max;
-    # exp, its sum and the weighted sum of values over keys ascending. Keys the mask excludes are
-    # scored but never enter the max, the sum or the output.
+def _attend(qv, kk, vv, blocks, j0, n, mrow, scale, o):
+    # One query row over logical keys j0 .. j0+n-1 stored in blocks: key j is at block blocks[j // B],
+    # offset j % B, of kk (P, D, B) and vv (P, B, D). mrow (j0+n,) uint8 with 1 = attend, or empty
+    # = all. Scores summed over d in order, vectorized across a block's keys; exact max; exp, its
+    # sum and the weighted sum of values over keys ascending. Keys the mask excludes are scored but
+    # never enter the max, the sum or the output.
+    B = kk.shape[2]
     every = mrow.shape[0] == 0
     sc = np.zeros(n, np.float32)
-    for d in range(qv.shape[0]):
-        qd = qv[d]
-        krow = kk[d]
-        for j in range(n):
-            sc[j] += qd * krow[j0 + j]
+    for b in range(j0 // B, (j0 + n - 1) // B + 1):
+        lo = max(j0, b * B)
+        hi = min(j0 + n, (b + 1) * B)
+        kb = kk[blocks[b]]
+        for d in range(qv.shape[0]):
+            qd = qv[d]
+            krow = kb[d]
+            for j in range(lo, hi):
+                sc[j - j0] += qd * krow[j - b * B]
     mx = np.float32(-np.inf)
     for j in range(n):
         sc[j] = sc[j] * scale
@@ -46,7 +55,7 @@ def _attend(qv, kk, vv, j0, n, mrow, scale, o):
         if every or mrow[j0 + j] != 0:
             e = np.float32(math.exp(sc[j] - mx))
             l += e
-            vr = vv[j0 + j]
+            vr = vv[blocks[(j0 + j) // B], (j0 + j) % B]
             for d in range(o.shape[0]):
                 o[d] += e * vr[d]
     for d in range(o.shape[0]):
@@ -54,7 +63,7 @@ def _attend(qv, kk, vv, j0, n, mrow, scale, o):
 
 
 @njit(inline="always")
-def _attend_task(t, q, kt, v, slot, pos, scale, window, out):
+def _attend_task(t, q, kt, v, table, slot, pos, scale, window, out):
     # Task t = (row r, query head h): row r at position p of slot s over its keys j0..p.
     Hq = q.shape[1]
     r = t // Hq
@@ -64,29 +73,30 @@ def _attend_task(t, q, kt, v, slot, pos, scale, window, out):
     j0 = 0
     if window > 0 and p - window + 1 > 0:
         j0 = p - window + 1
-    g = h // (Hq // kt.shape[1])
-    _attend(q[r, h], kt[s, g], v[s, g], j0, p + 1 - j0, _ALL, scale, out[r, h])
+    g = h // (Hq // kt.shape[0])
+    _attend(q[r, h], kt[g], v[g], table[s], j0, p + 1 - j0, _ALL, scale, out[r, h])
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _attention(q, kt, v, slot, pos, scale, window, out):
+def _attention(q, kt, v, table, slot, pos, scale, window, out):
     for t in prange(q.shape[0] * q.shape[1]):
-        _attend_task(t, q, kt, v, slot, pos, scale, window, out)
+        _attend_task(t, q, kt, v, table, slot, pos, scale, window, out)
     return out
 
 
 _ATTENTION = TwoBuilds(_attention)
 
 
-def attention(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
-              scale: float, window: int = 0) -> torch.Tensor:
-    """q (R, Hq, D); kt (S, Hkv, D, C); v (S, Hkv, C, D); slot, pos (R,) int64 -> (R, Hq, D)."""
+def attention(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, table: np.ndarray, slot: torch.Tensor,
+              pos: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor:
+    """q (R, Hq, D); kt (Hkv, P, D, B); v (Hkv, P, B, D); table (S, NB) int32 (a slot's blocks);
+    slot, pos (R,) int64 -> (R, Hq, D)."""
     out = torch.empty_like(q)
     if q.shape[0]:
         R, Hq, D = q.shape
         work = R * Hq * D * (int(pos.max()) + 1) * 2
-        _ATTENTION.run(work, SERIAL_WORK, q.contiguous().numpy(), kt.numpy(), v.numpy(), slot.numpy(), pos.numpy(),
-                       np.float32(scale), window, out.numpy())
+        _ATTENTION.run(work, SERIAL_WORK, q.contiguous().numpy(), kt.numpy(), v.numpy(), table, slot.numpy(),
+                       pos.numpy(), np.float32(scale), window, out.numpy())
     return out
 
 

@@ -106,11 +106,14 @@ def _rope_head(x, c, s, out):
 
 
 @njit(cache=True, nogil=True)
-def _qkv_rope_cache(qkv, Hq, Hkv, D, q_norm, k_norm, eps, cos, sin, slot, pos, kt, v, q_out):
+def _qkv_rope_cache(qkv, Hq, Hkv, D, q_norm, k_norm, eps, cos, sin, table, slot, pos, kt, v, q_out):
     tmp = np.empty(D, np.float32)
     kr = np.empty(D, np.float32)
     for r in range(qkv.shape[0]):
         p = pos[r]
+        B = kt.shape[3]
+        blk = table[slot[r], p // B]
+        off = p % B
         c = cos[p]
         sn = sin[p]
         row = qkv[r]
@@ -127,20 +130,21 @@ def _qkv_rope_cache(qkv, Hq, Hkv, D, q_norm, k_norm, eps, cos, sin, slot, pos, k
                 x = tmp
             _rope_head(x, c, sn, kr)
             for d in range(D):
-                kt[slot[r], g, d, p] = kr[d]
-            v[slot[r], g, p, :] = row[(Hq + Hkv + g) * D:(Hq + Hkv + g + 1) * D]
+                kt[g, blk, d, off] = kr[d]
+            v[g, blk, off, :] = row[(Hq + Hkv + g) * D:(Hq + Hkv + g + 1) * D]
     return q_out
 
 
 def qkv_rope_cache(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int, q_norm: np.ndarray,
-                   k_norm: np.ndarray, eps: float, cos: torch.Tensor, sin: torch.Tensor, slot: torch.Tensor,
-                   pos: torch.Tensor, kt: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """qkv (R, (Hq + 2 Hkv) D) -> rotated q (R, Hq, D); writes rotated k and v into kt (S, Hkv, D, C)
-    and v (S, Hkv, C, D) at (slot, pos). q_norm / k_norm: (D,) weights or empty arrays."""
+                   k_norm: np.ndarray, eps: float, cos: torch.Tensor, sin: torch.Tensor, table: np.ndarray,
+                   slot: torch.Tensor, pos: torch.Tensor, kt: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """qkv (R, (Hq + 2 Hkv) D) -> rotated q (R, Hq, D); writes rotated k and v into the paged cache,
+    kt (Hkv, P, D, B) and v (Hkv, P, B, D), at position pos of slot's blocks (table (S, NB) int32,
+    the blocks allocated). q_norm / k_norm: (D,) weights or empty arrays."""
     q = torch.empty(qkv.shape[0], n_heads, head_dim)
     if qkv.shape[0]:
         _qkv_rope_cache(qkv.contiguous().numpy(), n_heads, n_kv, head_dim, q_norm, k_norm, np.float32(eps),
-                        cos.numpy(), sin.numpy(), slot.numpy(), pos.numpy(), kt.numpy(), v.numpy(), q.numpy())
+                        cos.numpy(), sin.numpy(), table, slot.numpy(), pos.numpy(), kt.numpy(), v.numpy(), q.numpy())
     return q
 
 

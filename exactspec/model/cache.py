@@ -1,24 +1,68 @@
-"""Static KV cache: preallocated buffers for S sequence slots. Rollback costs nothing: a slot's
-valid length is its sequence's token count minus one, owned by the decode loop, and the next
-forward overwrites the positions of rejected drafts.
+"""Paged KV cache: a pool of blocks of BLOCK positions, handed to sequence slots as they grow.
 
-Keys are stored transposed, (D, C) per head, so the attention kernel can vectorize scores across
-key positions. Entries at positions >= a slot's length are garbage: a row at position p reads
-keys 0..p only, and every forward writes its own rows' keys before attending.
+Each slot has a row of the block table (its logical blocks -> blocks of the pool; -1: none yet).
+`reserve` gives a slot the blocks that the positions of a forward need, lowest free block first (so
+the memory the process touches follows the positions held, not max_batch x max_context: the pool
+is allocated empty and a page becomes resident when a block in it is first written); `release`
+returns a slot's blocks when its sequence ends. Rollback costs nothing: a slot's valid length is its
+sequence's token count minus one, owned by the decode loop, and the next forward overwrites the
+positions of rejected drafts.
+
+Keys are stored transposed, (D, BLOCK) per block and kv head, so the attention kernel vectorizes
+scores across a block's keys. Entries at positions >= a slot's length are garbage: a row at
+position p reads keys 0..p only, and every forward writes its own rows' keys before attending.
 """
 from __future__ import annotations
 
+import heapq
+
+import numpy as np
 import torch
 
+from ..kernels.attention import BLOCK
 from .memory import ensure_fits
 
 
 class KVCache:
     def __init__(self, n_layers: int, n_slots: int, n_kv_heads: int, head_dim: int, capacity: int):
-        ensure_fits(2 * n_layers * n_slots * n_kv_heads * head_dim * capacity * 4,
+        self.capacity, self.n_slots = capacity, n_slots
+        per_slot = -(-capacity // BLOCK)
+        n_blocks = n_slots * per_slot  # enough for every slot at full capacity: reserve never runs out
+        ensure_fits(2 * n_layers * n_blocks * n_kv_heads * head_dim * BLOCK * 4,
                     f"a KV cache for {n_slots} sequences x {capacity} positions (max_batch x max_context)",
                     "max_context")
-        self.capacity = capacity
-        self.k = torch.zeros(n_layers, n_slots, n_kv_heads, head_dim, capacity)  # (L, S, Hkv, D, C)
-        self.v = torch.zeros(n_layers, n_slots, n_kv_heads, capacity, head_dim)  # (L, S, Hkv, C, D)
-        self.n_slots = n_slots
+        self.k = torch.empty(n_layers, n_kv_heads, n_blocks, head_dim, BLOCK)  # (L, Hkv, P, D, B)
+        self.v = torch.empty(n_layers, n_kv_heads, n_blocks, BLOCK, head_dim)  # (L, Hkv, P, B, D)
+        self.table = np.full((n_slots, per_slot), -1, np.int32)
+        self._free = list(range(n_blocks))  # a heap: the lowest free block first
+
+    @property
+    def blocks_used(self) -> int:
+        return self.k.shape[2] - len(self._free)
+
+    def reserve(self, slot: np.ndarray, pos: np.ndarray) -> None:
+        """Give each (slot, position) pair's block a place in the pool, if it has none yet."""
+        if slot.shape[0] == 0:
+            return
+        need = self.table[slot, pos // BLOCK] < 0
+        if need.any():
+            for s, b in sorted(set(zip(slot[need].tolist(), (pos[need] // BLOCK).tolist()))):
+                if self.table[s, b] < 0:
+                    self.table[s, b] = heapq.heappop(self._free)
+
+    def gather(self, slot: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of the slot's positions 0..n-1, contiguous: (L, Hkv, n, D) each."""
+        blocks = torch.from_numpy(self.table[slot, : -(-n // BLOCK)].astype(np.int64))
+        if n and int(blocks.min()) < 0:
+            raise IndexError(f"gather: slot {slot} holds fewer than {n} positions")
+        L, H, _, D, B = self.k.shape
+        k = self.k[:, :, blocks].permute(0, 1, 2, 4, 3).reshape(L, H, -1, D)[:, :, :n]
+        v = self.v[:, :, blocks].reshape(L, H, -1, D)[:, :, :n]
+        return k, v
+
+    def release(self, slot: int) -> None:
+        """The slot's sequence ended: its blocks go back to the pool."""
+        row = self.table[slot]
+        for b in row[row >= 0].tolist():
+            heapq.heappush(self._free, b)
+        row[:] = -1

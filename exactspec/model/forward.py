@@ -121,12 +121,12 @@ def _forward(rows, top, layers, dims, cache, logits):
     # top: embed, final norm, head; layers: the Stack's arrays (a leading layer axis each);
     # dims: heads, kv heads, head dim, I (the intermediate size: the packed weights' shapes do not
     # show it, a Q8_0 weight's second axis counts groups of 32), eps, scale, window; cache: rope
-    # tables and the K/V cache.
+    # tables, the block table (S, NB) and the paged K/V cache.
     tokens, slot, pos, out_rows = rows
     embed, norm, head = top
     attn_norm, wqkv, bqkv, q_norm, k_norm, wo, bo, mlp_norm, wgu, bgu, wdown, bdown = layers
     Hq, Hkv, D, I, eps, scale, window = dims
-    cos, sin, kc, vc = cache
+    cos, sin, table, kc, vc = cache
     R = tokens.shape[0]
     H = norm.shape[0]
     x = np.empty((R, H), np.float32)  # the residual stream
@@ -143,9 +143,9 @@ def _forward(rows, top, layers, dims, cache, logits):
         _rmsnorm(x, attn_norm[i], eps, h)
         for b in prange(wqkv.shape[1]):
             _linear_block(h, wqkv[i], bqkv[i], qkv, b, STORE)
-        _qkv_rope_cache(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos, sin, slot, pos, kc[i], vc[i], q)
+        _qkv_rope_cache(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos, sin, table, slot, pos, kc[i], vc[i], q)
         for t in prange(R * Hq):
-            _attend_task(t, q, kc[i], vc[i], slot, pos, scale, window, a3)
+            _attend_task(t, q, kc[i], vc[i], table, slot, pos, scale, window, a3)
         for b in prange(wo.shape[1]):
             _linear_block(a, wo[i], bo[i], x, b, ADD)
         _rmsnorm(x, mlp_norm[i], eps, h)
@@ -244,7 +244,8 @@ class Stack:
 
 def forward(st: Stack, tokens: np.ndarray, embed: np.ndarray, slot: np.ndarray, pos: np.ndarray,
             out_rows: np.ndarray, norm: np.ndarray, head: PackedWeight, Hq: int, Hkv: int, D: int, eps: float,
-            scale: float, window: int, cos: np.ndarray, sin: np.ndarray, kc: np.ndarray, vc: np.ndarray) -> np.ndarray:
+            scale: float, window: int, cos: np.ndarray, sin: np.ndarray, table: np.ndarray, kc: np.ndarray,
+            vc: np.ndarray) -> np.ndarray:
     """tokens, slot, pos (R,) int64 (checked by the caller), embed (V, H) float32 or uint16 (bf16 bits),
     out_rows (n,) int64 -> logits (n, V) float32."""
     logits = np.empty((out_rows.shape[0], head.n), np.float32)
@@ -252,4 +253,4 @@ def forward(st: Stack, tokens: np.ndarray, embed: np.ndarray, slot: np.ndarray, 
         return logits
     dims = (Hq, Hkv, D, st.shapes["w_down"][1], np.float32(eps), np.float32(scale), window)
     return _FORWARD.run(tokens.shape[0] * (st.work + head.n * head.k), SERIAL_FORWARD, (tokens, slot, pos, out_rows),
-                        (embed, norm, head.data), st.layers, dims, (cos, sin, kc, vc), logits)
+                        (embed, norm, head.data), st.layers, dims, (cos, sin, table, kc, vc), logits)

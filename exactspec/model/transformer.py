@@ -164,11 +164,12 @@ class Transformer:
         """
         t, s, p = tokens.numpy(), slot.numpy(), pos.numpy()
         self._check(t, p, s, cache)
+        cache.reserve(s, p)
         c = self.cfg
         rows = np.arange(t.shape[0]) if out_rows is None else out_rows.numpy()
         logits = F.forward(self.stack, t, self._embed_np, s, p, rows, self.norm, self.lm_head, c.n_heads,
                            c.n_kv_heads, c.head_dim, c.rms_norm_eps, self.scale, c.sliding_window or 0, self._cos_np,
-                           self._sin_np, cache.k.numpy(), cache.v.numpy())
+                           self._sin_np, cache.table, cache.k.numpy(), cache.v.numpy())
         return torch.from_numpy(logits)
 
     def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -179,6 +180,7 @@ class Transformer:
                     out_rows: torch.Tensor | None = None) -> torch.Tensor:
         """The readable twin of `forward`: one kernel call per step, in data-flow order."""
         self._check(tokens.numpy(), pos.numpy(), slot.numpy(), cache)
+        cache.reserve(slot.numpy(), pos.numpy())
         c = self.cfg
         R, D, Hq, Hkv = tokens.shape[0], c.head_dim, c.n_heads, c.n_kv_heads
         x = self.embed_rows(tokens)  # (R, H)
@@ -187,8 +189,8 @@ class Transformer:
             h = K.rmsnorm(x, L.attn_norm, c.rms_norm_eps)
             qkv = K.linear(h, L.wqkv)  # (R, (Hq + 2 Hkv) D)
             q = K.qkv_rope_cache(qkv, Hq, Hkv, D, L.q_norm, L.k_norm, c.rms_norm_eps, self.cos, self.sin,
-                                 slot, pos, cache.k[i], cache.v[i])  # (R, Hq, D); k, v now in the cache
-            a = K.attention(q, cache.k[i], cache.v[i], slot, pos, self.scale, window)  # (R, Hq, D)
+                                 cache.table, slot, pos, cache.k[i], cache.v[i])  # (R, Hq, D); k, v now cached
+            a = K.attention(q, cache.k[i], cache.v[i], cache.table, slot, pos, self.scale, window)  # (R, Hq, D)
             x = x + K.linear(a.reshape(R, Hq * D), L.wo)
             h = K.rmsnorm(x, L.mlp_norm, c.rms_norm_eps)
             gu = torch.cat([K.linear(h, L.w_gate), K.linear(h, L.w_up)], 1)  # (R, 2I)

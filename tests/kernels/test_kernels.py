@@ -108,13 +108,21 @@ def test_cumsum_sequential():
         assert torch.equal(s, y[i])
 
 
-def _cache_with(k, v, cap, slot, n_slots):
+def _cache_with(k, v, cap, slot, n_slots, seed=0):
+    """A paged cache of n_slots x cap positions, garbage everywhere but `slot`'s first T positions,
+    whose blocks sit in the pool in a shuffled order: (kt, vc, table)."""
     T, Hkv, D = k.shape
-    kt = torch.randn(n_slots, Hkv, D, cap)  # garbage everywhere else
-    vc = torch.randn(n_slots, Hkv, cap, D)
-    kt[slot, :, :, :T] = k.permute(1, 2, 0)
-    vc[slot, :, :T] = v.permute(1, 0, 2)
-    return kt, vc
+    B = K.BLOCK
+    nb = -(-cap // B)
+    order = torch.randperm(n_slots * nb, generator=torch.Generator().manual_seed(seed))
+    table = order.view(n_slots, nb).to(torch.int32).numpy()
+    kt = torch.randn(Hkv, n_slots * nb, D, B)
+    vc = torch.randn(Hkv, n_slots * nb, B, D)
+    for j in range(T):
+        b, o = table[slot, j // B], j % B
+        kt[:, b, :, o] = k[j]
+        vc[:, b, o] = v[j]
+    return kt, vc, table
 
 
 @pytest.mark.parametrize("window", [0, 5])
@@ -123,18 +131,19 @@ def test_attention_close_to_reference_and_invariant(window):
     T, Hq, Hkv, D = 60, 4, 2, 32
     q, k, v = torch.randn(T, Hq, D), torch.randn(T, Hkv, D), torch.randn(T, Hkv, D)
     ref = K.attention_ref(q, k, v, 0.25, window)
-    kt, vc = _cache_with(k, v, 64, 0, 1)
+    kt, vc, table = _cache_with(k, v, 64, 0, 1)
     pos = torch.arange(T)
-    out = K.attention(q, kt, vc, torch.zeros(T, dtype=torch.long), pos, 0.25, window)
+    out = K.attention(q, kt, vc, table, torch.zeros(T, dtype=torch.long), pos, 0.25, window)
     assert torch.allclose(out, ref, atol=1e-5)
-    # same rows, bigger cache, another slot, alone and shuffled: identical bits
-    kt2, vc2 = _cache_with(k, v, 100, 2, 3)
+    # same rows, bigger cache, another slot, blocks elsewhere in the pool, alone and shuffled: identical bits
+    kt2, vc2, table2 = _cache_with(k, v, 100, 2, 3, seed=1)
     assert 1 * Hq * D * 2 < K.SERIAL_WORK < T * Hq * D * T * 2  # both builds of the kernel run below
     for r in [0, 5, 59]:
-        one = K.attention(q[r:r + 1], kt2, vc2, torch.tensor([2]), pos[r:r + 1], 0.25, window)
+        one = K.attention(q[r:r + 1], kt2, vc2, table2, torch.tensor([2]), pos[r:r + 1], 0.25, window)
         assert torch.equal(one, out[r:r + 1])
     perm = torch.randperm(T)
-    assert torch.equal(K.attention(q[perm], kt2, vc2, torch.full((T,), 2), pos[perm], 0.25, window), out[perm])
+    assert torch.equal(K.attention(q[perm], kt2, vc2, table2, torch.full((T,), 2), pos[perm], 0.25, window),
+                       out[perm])
 
 
 @pytest.mark.parametrize("window", [0, 16])
@@ -144,8 +153,8 @@ def test_masked_attention_equals_the_engine_kernel_and_ignores_masked_keys(windo
     torch.manual_seed(2)
     T, Hq, Hkv, D = 40, 4, 2, 32
     q, k, v = torch.randn(T, Hq, D), torch.randn(T, Hkv, D), torch.randn(T, Hkv, D)
-    kt, vc = _cache_with(k, v, 64, 0, 1)
-    want = K.attention(q, kt, vc, torch.zeros(T, dtype=torch.long), torch.arange(T), 0.25, window)
+    kt, vc, table = _cache_with(k, v, 64, 0, 1)
+    want = K.attention(q, kt, vc, table, torch.zeros(T, dtype=torch.long), torch.arange(T), 0.25, window)
     i = torch.arange(T)
     mask = i[None, :] <= i[:, None]
     if window:
@@ -182,8 +191,10 @@ def test_qkv_rope_cache_matches_torch_rotate_half_bitwise(qk_norm):
     cos, sin = K.rope_table(torch.rand(D // 2), C)
     pos, slot = torch.tensor([0, 3, 4, 9, 19]), torch.tensor([1, 0, 1, 1, 0])
     qn, kn = (torch.rand(D) + 0.5, torch.rand(D) + 0.5) if qk_norm else (torch.empty(0), torch.empty(0))
-    kt, v = torch.zeros(2, Hkv, D, C), torch.zeros(2, Hkv, C, D)
-    q = K.qkv_rope_cache(qkv, Hq, Hkv, D, qn.numpy(), kn.numpy(), 1e-6, cos, sin, slot, pos, kt, v)
+    B = K.BLOCK
+    table = np.arange(2 * -(-C // B), dtype=np.int32)[::-1].reshape(2, -1).copy()  # blocks in reverse
+    kt, v = torch.zeros(Hkv, table.size, D, B), torch.zeros(Hkv, table.size, B, D)
+    q = K.qkv_rope_cache(qkv, Hq, Hkv, D, qn.numpy(), kn.numpy(), 1e-6, cos, sin, table, slot, pos, kt, v)
 
     def rot(x):  # transformers' apply_rotary_pos_emb
         c, s = cos[pos][:, None], sin[pos][:, None]
@@ -194,8 +205,9 @@ def test_qkv_rope_cache_matches_torch_rotate_half_bitwise(qk_norm):
         kr = K.rmsnorm_ref(kr.reshape(-1, D), kn, 1e-6).view(R, Hkv, D)
     assert torch.equal(q, rot(qr))
     for r in range(R):
-        assert torch.equal(kt[slot[r], :, :, pos[r]], rot(kr)[r])
-        assert torch.equal(v[slot[r], :, pos[r]], vr[r].view(Hkv, D))
+        b, o = table[slot[r], pos[r] // B], pos[r] % B
+        assert torch.equal(kt[:, b, :, o], rot(kr)[r])
+        assert torch.equal(v[:, b, o], vr[r].view(Hkv, D))
 
 
 def _f32(bits: int) -> float:
