@@ -76,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--read-timeout", type=float, default=15.0, help="seconds a request's headers and body may take")
     v.add_argument("--shutdown-grace", type=float, default=10.0,
                    help="on SIGTERM/SIGINT: seconds in-flight requests may finish before each is ended cleanly")
+    v.add_argument("--prefix-cache-mb", type=int, default=256,
+                   help="KV blocks of earlier prompts kept for reuse by later ones with the same start (output "
+                        "identical on or off); 0: off")
+    v.add_argument("--prefix-cache-scope", default="shared", choices=["shared", "authorization"],
+                   help="share cached prefixes among all requests, or only among those with the same Authorization "
+                        "header (a hit answers faster: a timing side channel between tenants); a request's "
+                        "cache_salt narrows it further")
     v.add_argument("--ray", action="store_true", help="serve replicas on Ray Serve (pip install 'exactspec[ray]')")
     v.add_argument("--replicas", type=int, default=1, help="--ray: replicas (each one engine)")
     v.add_argument("--max-replicas", type=int, default=None, help="--ray: autoscale from --replicas up to this")

@@ -19,6 +19,8 @@ import torch
 
 from .drafters import Drafter
 from ..errors import GenerationError, InvalidRequest
+from ..kernels.attention import BLOCK
+from ..model.prefix import PrefixCache
 from ..model.transformer import Rows, Transformer
 from .request import Request
 from .sampling import TokenLogprob, pick, pick_rows, processed_logits, token_logprobs
@@ -35,6 +37,7 @@ class Stats:
     steps: int = 0  # verify steps (its forwards after the prefill)
     time_to_first_token: float = 0.0  # seconds from joining the batch to its first token
     wall_time: float = 0.0  # seconds from joining the batch to finishing (or being cancelled)
+    cached_tokens: int = 0  # prompt tokens whose keys came from the prefix cache
     seed: int | None = None  # the sampling seed used (temperature > 0), so a run with seed=None replays
     proposed_at: list[int] = field(default_factory=list)  # [i]: steps that proposed a draft token at offset i
     accepted_at: list[int] = field(default_factory=list)  # [i]: ... and had it accepted
@@ -98,7 +101,8 @@ class SeqState:
     tag: object = None  # the caller's handle (engine request, prompt index)
     finish_reason: str | None = None  # "stop" (EOS) | "length" | "cancelled" | "error"
     error: Exception | None = None  # what ended it, when finish_reason is "error"
-    fed: int = 0  # prompt tokens in the cache so far (a prompt may be fed in chunks)
+    fed: int = 0  # prompt tokens in the cache so far (a prompt may be fed in chunks, or start in shared blocks)
+    kept: int = 0  # its first blocks handed to the prefix cache
     joined_at: float = field(default_factory=time.perf_counter)
     stats: Stats = field(default_factory=Stats)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if the request asks
@@ -114,6 +118,11 @@ class SeqState:
         """The whole prompt is in the cache (its first token picked at that step)."""
         return self.fed == len(self.req.prompt)
 
+    @property
+    def cached(self) -> int:
+        """Positions whose keys and values are in the cache (all tokens but the last, once prefilled)."""
+        return len(self.tokens) - 1 if self.prefilled else self.fed
+
 
 class Batch:
     """Sequences decoded together, one target forward per `step`. Sequences join (`add`) and
@@ -125,13 +134,14 @@ class Batch:
     values are a function of its prefix alone, whichever step wrote them."""
 
     def __init__(self, target: Transformer, n_slots: int, capacity: int, drafter: Drafter | None = None,
-                 prefill_chunk: int = 0):
-        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 0:
-            raise InvalidRequest(f"prefill_chunk={prefill_chunk!r}: must be an integer >= 0 (0: whole prompts)",
-                                 "prefill_chunk")
+                 prefill_chunk: int = 0, prefix_blocks: int = 0):
+        for name, v in (("prefill_chunk", prefill_chunk), ("prefix_blocks", prefix_blocks)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise InvalidRequest(f"{name}={v!r}: must be an integer >= 0 (0: off)", name)
         self.target, self.drafter, self.prefill_chunk = target, drafter, prefill_chunk
         self.capacity = min(capacity, target.max_context)
-        self.cache = target.new_cache(n_slots, self.capacity)
+        self.cache = target.new_cache(n_slots, self.capacity, prefix_blocks)
+        self.prefix = PrefixCache(self.cache, prefix_blocks) if prefix_blocks else None
         self._free = list(range(n_slots - 1, -1, -1))
         self.seqs: list[SeqState] = []
         self.stats = BatchStats()
@@ -156,6 +166,12 @@ class Batch:
         self.stats.sequences += 1
         if req.max_new_tokens == 0:
             s.finish_reason = "length"
+        elif self.prefix is not None:  # a cached prefix: its blocks are shared, its prefill starts after them
+            for i, b in enumerate(self.prefix.match(req.cache_scope, req.prompt)):
+                self.cache.share(s.slot, i, b)
+                s.fed = s.kept = i + 1
+            s.fed *= BLOCK
+            s.stats.cached_tokens = s.fed
         self.seqs.append(s)
         return s
 
@@ -172,6 +188,12 @@ class Batch:
         stepping one sequence ends that sequence only (finish_reason "error", `error` set)."""
         live = self.running
         out = self._step(live) if live else []
+        if self.prefix is not None:  # full blocks written by this step join the prefix cache
+            for s in live:
+                n = s.cached // BLOCK
+                if n > s.kept and s.finish_reason != "error":
+                    self.prefix.insert(s.req.cache_scope, s.tokens, self.cache.table[s.slot], n)
+                    s.kept = n
         self._release()  # finished sequences leave now; their slots take the next arrivals
         return out
 

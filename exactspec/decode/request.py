@@ -66,6 +66,7 @@ class Request:
     draft_len: DraftLength = field(default_factory=DraftLength)  # speculation: k per verify step
     logprobs: int | None = None  # per generated token: its logprob and this many alternatives; None = off
     logprobs_mode: str = "raw"  # "raw": of the model's logits; "processed": after the sampling filters
+    cache_scope: str = ""  # the prefix cache shares blocks among requests of one scope only (a tenant)
 
 
 def _int(name: str, v, lo: int = 0) -> int:
@@ -105,7 +106,7 @@ def check_prompt(ids: Iterable, limits: Limits, name: str = "prompt", room: int 
 def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 128,
                  params: SamplingParams | None = None, *, eos: Iterable[int] = (),
                  stop: str | Iterable[str] | None = None, num_draft_tokens: int | str = 0,
-                 logprobs: int | None = None, logprobs_mode: str = "raw", name: str = "prompt",
+                 logprobs: int | None = None, logprobs_mode: str = "raw", name: str = "prompt", cache_scope: str = "",
                  **sampling) -> Request:
     """A validated Request, or InvalidRequest naming the field. max_new_tokens=None: as many as the
     context holds. The sampling parameters: `params` (one SamplingParams), or its fields as keywords
@@ -136,8 +137,10 @@ def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 
         raise InvalidRequest(f"logprobs={logprobs}: at most {MAX_TOP_LOGPROBS} alternatives", "logprobs")
     if logprobs_mode not in ("raw", "processed"):
         raise InvalidRequest(f"logprobs_mode={logprobs_mode!r}: 'raw' or 'processed'", "logprobs_mode")
+    if not isinstance(cache_scope, str):
+        raise InvalidRequest(f"cache_scope={cache_scope!r}: must be a string", "cache_scope")
     return Request(ids, params, max_new_tokens, eos_ids, tuple(s for s in stops if s), DraftLength(num_draft_tokens),
-                   logprobs, logprobs_mode)
+                   logprobs, logprobs_mode, cache_scope)
 
 
 def _params(sampling: dict) -> SamplingParams:

@@ -4,7 +4,10 @@ Each slot has a row of the block table (its logical blocks -> blocks of the pool
 `reserve` gives a slot the blocks that the positions of a forward need, lowest free block first (so
 the memory the process touches follows the positions held, not max_batch x max_context: the pool
 is allocated empty and a page becomes resident when a block in it is first written); `release`
-returns a slot's blocks when its sequence ends. Rollback costs nothing: a slot's valid length is its
+returns a slot's blocks when its sequence ends. A block may have several holders (slots sharing a
+prompt prefix, the prefix cache: prefix.py): it returns to the pool when the last lets go. Blocks
+shared are full and never written again (a sequence writes at positions >= its cache length only).
+Rollback costs nothing: a slot's valid length is its
 sequence's token count minus one, owned by the decode loop, and the next forward overwrites the
 positions of rejected drafts.
 
@@ -24,10 +27,12 @@ from .memory import ensure_fits
 
 
 class KVCache:
-    def __init__(self, n_layers: int, n_slots: int, n_kv_heads: int, head_dim: int, capacity: int):
+    def __init__(self, n_layers: int, n_slots: int, n_kv_heads: int, head_dim: int, capacity: int,
+                 spare_blocks: int = 0):
+        """`spare_blocks`: room beyond every slot at full capacity, for blocks the prefix cache keeps."""
         self.capacity, self.n_slots = capacity, n_slots
         per_slot = -(-capacity // BLOCK)
-        n_blocks = n_slots * per_slot  # enough for every slot at full capacity: reserve never runs out
+        n_blocks = n_slots * per_slot + spare_blocks  # every slot full + the kept ones: reserve never runs out
         ensure_fits(2 * n_layers * n_blocks * n_kv_heads * head_dim * BLOCK * 4,
                     f"a KV cache for {n_slots} sequences x {capacity} positions (max_batch x max_context)",
                     "max_context")
@@ -35,6 +40,7 @@ class KVCache:
         self.v = torch.empty(n_layers, n_kv_heads, n_blocks, BLOCK, head_dim)  # (L, Hkv, P, B, D)
         self.table = np.full((n_slots, per_slot), -1, np.int32)
         self._free = list(range(n_blocks))  # a heap: the lowest free block first
+        self.refs = np.zeros(n_blocks, np.int32)  # holders of each block (slots, the prefix cache)
 
     @property
     def blocks_used(self) -> int:
@@ -48,7 +54,21 @@ class KVCache:
         if need.any():
             for s, b in sorted(set(zip(slot[need].tolist(), (pos[need] // BLOCK).tolist()))):
                 if self.table[s, b] < 0:
-                    self.table[s, b] = heapq.heappop(self._free)
+                    blk = self.table[s, b] = heapq.heappop(self._free)
+                    self.refs[blk] = 1
+
+    def share(self, slot: int, i: int, block: int) -> None:
+        """The slot's i-th block is `block`, already written (a shared prompt prefix)."""
+        self.table[slot, i] = block
+        self.hold(block)
+
+    def hold(self, block: int) -> None:
+        self.refs[block] += 1
+
+    def drop(self, block: int) -> None:
+        self.refs[block] -= 1
+        if self.refs[block] == 0:
+            heapq.heappush(self._free, block)
 
     def gather(self, slot: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of the slot's positions 0..n-1, contiguous: (L, Hkv, n, D) each."""
@@ -64,5 +84,5 @@ class KVCache:
         """The slot's sequence ended: its blocks go back to the pool."""
         row = self.table[slot]
         for b in row[row >= 0].tolist():
-            heapq.heappush(self._free, b)
+            self.drop(b)
         row[:] = -1

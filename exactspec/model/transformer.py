@@ -141,9 +141,15 @@ class Transformer:
     def limits(self) -> Limits:
         return Limits(self.cfg.vocab_size, self.max_context)
 
-    def new_cache(self, n_slots: int, capacity: int) -> KVCache:
+    def new_cache(self, n_slots: int, capacity: int, spare_blocks: int = 0) -> KVCache:
         c = self.cfg
-        return KVCache(c.n_layers, n_slots, c.n_kv_heads, c.head_dim, min(capacity, self.max_context))
+        return KVCache(c.n_layers, n_slots, c.n_kv_heads, c.head_dim, min(capacity, self.max_context), spare_blocks)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one KV block (BLOCK positions, every layer, keys and values)."""
+        c = self.cfg
+        return 2 * c.n_layers * c.n_kv_heads * c.head_dim * K.BLOCK * 4
 
     def _check(self, tokens: np.ndarray, pos: np.ndarray, slot: np.ndarray, cache: KVCache) -> None:
         # Not an input check (request.make_request / check_prompt do those, once): a guard for the

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import logging
 import secrets
 import sys
@@ -58,7 +59,7 @@ class Server:
         self.limits = dataclasses.replace(model.net.limits, max_stops=opts.max_stops,
                                           max_stop_chars=opts.max_stop_chars)
         self.engine = Engine(model.net, drafter, opts.max_batch, opts.max_queue,  # the KV cache: checked to fit
-                             opts.prefill_chunk)
+                             opts.prefill_chunk, opts.prefix_cache_mb * (1 << 20) // model.net.block_bytes)
         self.metrics = Metrics(self.engine)
         self.draining_since: float | None = None  # monotonic time of the shutdown signal
         self.app = self._build()
@@ -78,15 +79,23 @@ class Server:
             return None
         return self.opts.shutdown_grace - (time.monotonic() - self.draining_since)
 
+    def _scope(self, r: _Sampling, http: HTTPRequest) -> str:
+        """Who may share prefix-cache blocks with this request: the same salt (and, when the operator
+        asks, the same Authorization header). Hashed: the scope is kept in memory."""
+        auth = http.headers.get("authorization", "") if self.opts.prefix_cache_scope == "authorization" else ""
+        return hashlib.sha256(f"{len(auth)}:{auth}|{r.cache_salt or ''}".encode()).hexdigest() if auth or r.cache_salt \
+            else ""
+
     def _requests(self, r: _Sampling, prompt: list[int], max_tokens: int | None, count: int,
-                  logprobs: int | None) -> list[Request]:
+                  logprobs: int | None, scope: str = "") -> list[Request]:
         """The validated Requests of one body (400 naming the field otherwise): `count` candidates,
         the i-th with seed + i (seed None: a fresh base, reported nowhere but reproducible per choice)."""
         base = r.seed if r.seed is not None else (secrets.randbits(62) if r.temperature else 0)
         params = r.params()
         return [self.model.request(prompt, max_tokens, params=dataclasses.replace(params, seed=base + i),
                                    ignore_eos=r.ignore_eos, stop=r.stop, num_draft_tokens=self.num_draft_tokens,
-                                   limits=self.limits, logprobs=logprobs, logprobs_mode=self.opts.logprobs_mode)
+                                   limits=self.limits, logprobs=logprobs, logprobs_mode=self.opts.logprobs_mode,
+                                   cache_scope=scope)
                 for i in range(count)]
 
     def _check_body(self, r: _Sampling, best_of: int) -> None:
@@ -193,7 +202,7 @@ class Server:
             ids = await asyncio.to_thread(self.model.encode, r.prompt)
             internal = r.logprobs if r.logprobs is not None else (0 if best_of > r.n else None)  # best_of ranks by them
             reqs = await asyncio.to_thread(self._requests, r, ids, r.max_tokens if r.max_tokens is not None else 16,
-                                           best_of, internal)
+                                           best_of, internal, self._scope(r, http))
             return await self._respond("text", r, reqs, http, r.logprobs is not None, r.echo)
 
         @app.post("/v1/chat/completions")
@@ -204,7 +213,7 @@ class Server:
             prompt = await asyncio.to_thread(self._chat_prompt, r)
             limit = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens  # 0 is a limit
             reqs = await asyncio.to_thread(self._requests, r, prompt, limit, r.n,
-                                           (r.top_logprobs or 0) if r.logprobs else None)
+                                           (r.top_logprobs or 0) if r.logprobs else None, self._scope(r, http))
             return await self._respond("chat", r, reqs, http, r.logprobs)
 
         return Guard(BodyLimit(app, opts.max_body_bytes), opts, m, lambda: self.draining_since is not None)

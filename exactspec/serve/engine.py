@@ -82,7 +82,7 @@ class EngineStats:  # what /metrics reports beside the server's own counters
 
 class Engine:
     def __init__(self, target: Transformer, drafter: Drafter | None = None, max_batch: int = 8,
-                 max_queue: int = 64, prefill_chunk: int = 0):
+                 max_queue: int = 64, prefill_chunk: int = 0, prefix_blocks: int = 0):
         self.max_queue = max_queue
         self.queue: collections.deque[Job] = collections.deque()
         self.active: list[Job] = []
@@ -92,8 +92,8 @@ class Engine:
         self.stopped = False
         ready: concurrent.futures.Future = concurrent.futures.Future()
         threads = get_num_threads()  # the caller's setting (--threads): numba's is per thread
-        self.thread = threading.Thread(target=self._run, args=(target, drafter, max_batch, prefill_chunk, threads, ready),
-                                       name="exactspec-engine", daemon=True)
+        args = (target, drafter, max_batch, prefill_chunk, prefix_blocks, threads, ready)
+        self.thread = threading.Thread(target=self._run, args=args, name="exactspec-engine", daemon=True)
         self.thread.start()
         ready.result()  # the Batch (its KV cache checked to fit) or the error that stopped it
 
@@ -184,11 +184,11 @@ class Engine:
             if job.seq.finish_reason is not None:  # nothing to generate (max_new_tokens 0)
                 self._finish(job, job.seq.finish_reason)
 
-    def _run(self, target: Transformer, drafter: Drafter | None, max_batch: int, prefill_chunk: int, threads: int,
-             ready: concurrent.futures.Future) -> None:
+    def _run(self, target: Transformer, drafter: Drafter | None, max_batch: int, prefill_chunk: int,
+             prefix_blocks: int, threads: int, ready: concurrent.futures.Future) -> None:
         try:
             set_num_threads(threads)
-            self.batch = Batch(target, max_batch, target.max_context, drafter, prefill_chunk)
+            self.batch = Batch(target, max_batch, target.max_context, drafter, prefill_chunk, prefix_blocks)
         except BaseException as e:
             self.stopped = True
             ready.set_exception(e)

@@ -34,5 +34,21 @@ class Metrics:
               registry=r).set_function(lambda: engine.stats.failed)
         Gauge("exactspec_engine_alive", "1 while the decoding engine thread runs", registry=r).set_function(
             lambda: float(engine.alive))
+        def prefix(attr: str):
+            return lambda: getattr(engine.batch.prefix, attr) if engine.batch.prefix is not None else 0
+        Gauge("exactspec_prefix_cache_hit_tokens", "Prompt tokens whose keys came from the prefix cache",
+              registry=r).set_function(prefix("hit_tokens"))
+        Gauge("exactspec_prefix_cache_queried_tokens", "Prompt tokens of the requests that looked in the prefix cache",
+              registry=r).set_function(prefix("looked_up_tokens"))
+        Gauge("exactspec_prefix_cache_blocks", "KV blocks the prefix cache keeps", registry=r).set_function(
+            prefix("blocks"))
+        Gauge("exactspec_kv_blocks_used", "KV blocks in use (sequences and the prefix cache)",
+              registry=r).set_function(lambda: engine.batch.cache.blocks_used)
+        Gauge("exactspec_kv_block_bytes", "Bytes of one KV block", registry=r).set_function(
+            lambda: engine.batch.target.block_bytes)
+        Gauge("exactspec_engine_step_seconds", "Engine thread: time in decode steps (forward, drafting, sampling)",
+              registry=r).set_function(lambda: engine.stats.step_seconds)
+        Gauge("exactspec_engine_other_seconds", "Engine thread: time between steps (admission, handing out tokens)",
+              registry=r).set_function(lambda: engine.stats.other_seconds)
         Gauge("exactspec_acceptance_rate", "Accepted / proposed draft tokens", registry=r).set_function(
             lambda: engine.stats.accepted / engine.stats.proposed if engine.stats.proposed else 0.0)

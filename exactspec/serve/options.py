@@ -13,6 +13,7 @@ from ..errors import InvalidRequest
 @dataclass(frozen=True)
 class ServeOptions:
     """What `exactspec serve` lets an operator set; every limit answers with a clear 4xx."""
+    _MAY_BE_ZERO = ("prefix_cache_mb",)
     max_batch: int = 8  # sequences decoded together
     prefill_chunk: int = 16  # prompt tokens fed per step: a long prompt interleaves with the others' decoding
     max_queue: int = 64  # waiting requests before 429
@@ -29,12 +30,20 @@ class ServeOptions:
     keep_alive: float = 5.0  # idle keep-alive connections close after this
     read_timeout: float = 15.0  # a request's headers and body must arrive within this
     shutdown_grace: float = 10.0  # on SIGTERM/SIGINT: seconds in-flight requests may still finish
+    prefix_cache_mb: int = 256  # KV blocks of earlier prompts kept for reuse (exact: same bits); 0: off
+    prefix_cache_scope: str = "shared"  # "shared" or "authorization": only requests with the same
+    #   Authorization header share blocks (a cache hit answers faster: a timing side channel between tenants)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0:
-                raise InvalidRequest(f"--{f.name.replace('_', '-')} {v}: must be > 0", f.name)
+            zero_ok = f.name in self._MAY_BE_ZERO
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and (v < 0 or v == 0 and not zero_ok):
+                raise InvalidRequest(f"--{f.name.replace('_', '-')} {v}: must be {'>= 0' if zero_ok else '> 0'}",
+                                     f.name)
+        if self.prefix_cache_scope not in ("shared", "authorization"):
+            raise InvalidRequest(f"--prefix-cache-scope {self.prefix_cache_scope!r}: 'shared' or 'authorization'",
+                                 "prefix_cache_scope")
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "ServeOptions":

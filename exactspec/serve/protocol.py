@@ -77,6 +77,8 @@ class _Sampling(BaseModel):
     stream_options: dict | None = None
     n: int = 1
     ignore_eos: bool = False  # vLLM's extension: keep going past EOS until max_tokens
+    cache_salt: str | None = Field(None, max_length=256)  # vLLM's: the prefix cache shares only within one salt
+    _check_salt = field_validator("cache_salt")(_utf8)
 
     @property
     def include_usage(self) -> bool:
@@ -180,9 +182,11 @@ def sse(payload: dict) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; cached_tokens: prompt tokens whose keys came from the prefix cache."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def completion_logprobs(tokens: list[str], logprobs: list[float | None], tops: list[dict | None] | None,

@@ -34,6 +34,7 @@ class Generation:
         self.job = Job(req, self._event)
         self.lp: list = []  # TokenLogprobs of the tokens received, when the request asks for them
         self.completion_tokens = 0  # tokens this client was given (up to a stop string)
+        self.cached_tokens = 0  # prompt tokens that came from the prefix cache
         self.first_token_at: float | None = None
         self.finish_reason: str | None = None
 
@@ -79,6 +80,7 @@ class Generation:
                 if ev.error is not None:
                     raise APIError(500, str(ev.error), "server_error")
                 if ev.finish_reason is not None:
+                    self.cached_tokens = ev.stats.cached_tokens if ev.stats is not None else 0
                     text, hit = stop.feed(dec.flush())
                     text += "" if hit else stop.flush()
                     if text:
@@ -145,7 +147,8 @@ class Reply:
         choices = [self.shapes.choice(self.prompt_text + texts[i], gens[i].finish_reason, False, j,
                                       self._logprobs(gens[i].lp, self.prompt_lps, 0) if self.want_lp else None)
                    for j, i in enumerate(order)]
-        return JSONResponse(self.shapes.whole(choices, usage(len(self.prompt), sum(g.completion_tokens for g in gens))))
+        return JSONResponse(self.shapes.whole(choices, usage(len(self.prompt), sum(g.completion_tokens for g in gens),
+                                                             gens[0].cached_tokens)))
 
     async def stream(self, gens: list[Generation]) -> StreamingResponse:
         chunks = _Chunks(self, gens)
@@ -257,7 +260,8 @@ class _Chunks:
 
     def end(self) -> list[bytes]:
         rp = self.reply
-        tail = [rp.shapes.chunk(usage=usage(len(rp.prompt), sum(g.completion_tokens for g in self.gens)))] \
+        tail = [rp.shapes.chunk(usage=usage(len(rp.prompt), sum(g.completion_tokens for g in self.gens),
+                                            self.gens[0].cached_tokens))] \
             if rp.r.include_usage else []
         return tail + [DONE]
 
