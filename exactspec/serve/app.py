@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import json
 import logging
 import secrets
 import sys
@@ -42,7 +43,8 @@ from .asgi import BodyLimit, DrainingServer, Guard, uvicorn_config
 from .engine import Engine, EngineDown, QueueFull
 from .metrics import Metrics
 from .options import ServeOptions
-from .protocol import APIError, ChatRequest, CompletionRequest, _Sampling, error_body, refuse_unsupported, validation_message
+from .protocol import (APIError, ChatRequest, CompletionRequest, _Sampling, error_body, refuse_unsupported, usage,
+                       validation_message)
 from .respond import Reply
 
 log = logging.getLogger("exactspec.server")
@@ -87,7 +89,7 @@ class Server:
             else ""
 
     def _requests(self, r: _Sampling, prompt: list[int], max_tokens: int | None, count: int,
-                  logprobs: int | None, scope: str = "") -> list[Request]:
+                  logprobs: int | None, scope: str = "", name: str = "prompt") -> list[Request]:
         """The validated Requests of one body (400 naming the field otherwise): `count` candidates,
         the i-th with seed + i (seed None: a fresh base, reported nowhere but reproducible per choice)."""
         base = r.seed if r.seed is not None else (secrets.randbits(62) if r.temperature else 0)
@@ -95,7 +97,7 @@ class Server:
         return [self.model.request(prompt, max_tokens, params=dataclasses.replace(params, seed=base + i),
                                    ignore_eos=r.ignore_eos, stop=r.stop, num_draft_tokens=self.num_draft_tokens,
                                    limits=self.limits, logprobs=logprobs, logprobs_mode=self.opts.logprobs_mode,
-                                   cache_scope=scope)
+                                   cache_scope=scope, name=name)
                 for i in range(count)]
 
     def _check_body(self, r: _Sampling, best_of: int) -> None:
@@ -199,11 +201,25 @@ class Server:
             self._check_body(r, best_of)
             if r.logprobs is not None and r.logprobs < 0:
                 raise APIError(400, f"logprobs={r.logprobs}: must be >= 0", param="logprobs")
-            ids = await asyncio.to_thread(self.model.encode, r.prompt)
+            prompts = r.prompts()
+            if len(prompts) > self.opts.max_prompts:
+                raise APIError(400, f"prompt: {len(prompts)} prompts; at most {self.opts.max_prompts} per request",
+                               param="prompt")
+            if len(prompts) > 1 and r.stream:
+                raise APIError(400, "stream with several prompts is not supported: send one prompt per request "
+                               "(or stream=false)", param="stream")
             internal = r.logprobs if r.logprobs is not None else (0 if best_of > r.n else None)  # best_of ranks by them
-            reqs = await asyncio.to_thread(self._requests, r, ids, r.max_tokens if r.max_tokens is not None else 16,
-                                           best_of, internal, self._scope(r, http))
-            return await self._respond("text", r, reqs, http, r.logprobs is not None, r.echo)
+            scope = self._scope(r, http)
+
+            async def one(i: int, prompt):
+                ids = await asyncio.to_thread(self.model.encode, prompt)
+                reqs = await asyncio.to_thread(self._requests, r, ids, r.max_tokens if r.max_tokens is not None
+                                               else 16, best_of, internal, scope, "prompt" if i is None else
+                                               f"prompt {i}")
+                return await self._respond("text", r, reqs, http, r.logprobs is not None, r.echo)
+            if len(prompts) == 1:
+                return await one(None, prompts[0])
+            return _merge(await asyncio.gather(*[one(i, p) for i, p in enumerate(prompts)]), r.n)
 
         @app.post("/v1/chat/completions")
         async def chat_completions(r: ChatRequest, http: HTTPRequest) -> Any:
@@ -217,6 +233,21 @@ class Server:
             return await self._respond("chat", r, reqs, http, r.logprobs)
 
         return Guard(BodyLimit(app, opts.max_body_bytes), opts, m, lambda: self.draining_since is not None)
+
+
+def _merge(replies: list, n: int):
+    """One completions body from the replies to each prompt of a batch: choices numbered on (prompt i's
+    j-th choice is i * n + j, as OpenAI's API), usage summed; the first failure answers for all."""
+    bad = next((x for x in replies if x.status_code != 200), None)
+    if bad is not None:
+        return bad
+    bodies = [json.loads(x.body) for x in replies]
+    out = dict(bodies[0], choices=[dict(c, index=i * n + c["index"]) for i, b in enumerate(bodies)
+                                   for c in b["choices"]])
+    u = [b["usage"] for b in bodies]
+    out["usage"] = usage(sum(x["prompt_tokens"] for x in u), sum(x["completion_tokens"] for x in u),
+                         sum(x["prompt_tokens_details"]["cached_tokens"] for x in u))
+    return JSONResponse(out)
 
 
 def serve(model: Model, name: str, host: str, port: int, drafter: Drafter | None, num_draft_tokens: int | str,

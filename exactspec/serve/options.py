@@ -18,6 +18,7 @@ class ServeOptions:
     prefill_chunk: int = 16  # prompt tokens fed per step: a long prompt interleaves with the others' decoding
     max_queue: int = 64  # waiting requests before 429
     max_n: int = 8  # choices (n, best_of) per request
+    max_prompts: int = 64  # prompts per completions request (a list of texts or of token-id lists)
     logprobs_mode: str = "raw"  # "raw" or "processed" (after the sampling filters), as vLLM's flag
     api_key: str | None = None  # required as `Authorization: Bearer KEY` on /v1/*
     protect_metrics: bool = False  # the key on /health and /metrics too

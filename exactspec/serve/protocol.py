@@ -90,11 +90,18 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[StrictInt]  # strict: `true` or "5" is not a token id
+    # one prompt (text or token ids; strict: `true` or "5" is not a token id) or several (a list of
+    # texts or of token-id lists: n choices each, numbered on across prompts, as OpenAI's API)
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     _check_prompt = field_validator("prompt")(_utf8)
     logprobs: int | None = None  # per token: its logprob and this many alternatives (<= 20)
     echo: bool = False  # the prompt (its tokens' logprobs too) before the completion; max_tokens 0: scoring
     best_of: int | None = None  # candidates generated; the n with the highest mean logprob are returned
+
+    def prompts(self) -> list:
+        """The prompts of the body: each a text or a list of token ids."""
+        p = self.prompt
+        return list(p) if isinstance(p, list) and p and not isinstance(p[0], int) else [p]
 
 
 class ContentPart(BaseModel):

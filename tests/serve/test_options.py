@@ -42,3 +42,15 @@ def test_sampling_params_or_keywords_not_both():
         make_request(lim, [1, 2], 4, SamplingParams(0.5), temperature=0.5)
     with pytest.raises(InvalidRequest, match="not a request argument"):
         make_request(lim, [1, 2], 4, temprature=0.5)
+
+
+def test_serve_without_model_serves_the_demo_model(ckpt, monkeypatch):
+    """`exactspec serve` with no --model: the demo's SmolLM2 file (here a stand-in), fetched as `demo` does."""
+    from exactspec import cli, fetch
+    from exactspec.serve import app
+    folder = ckpt("qwen2")
+    served = {}
+    monkeypatch.setattr(fetch, "smollm2", lambda: folder)
+    monkeypatch.setattr(app, "serve", lambda model, name, *a, **kw: served.update(folder=model.folder, name=name))
+    assert cli.main(["serve", "--prefix-cache-mb", "0"]) == 0
+    assert served == {"folder": folder, "name": folder.name}

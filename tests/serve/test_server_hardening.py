@@ -287,7 +287,7 @@ HOSTILE = [  # (path, raw JSON body, status, needle in the message, param) -- is
      "lone surrogate", "messages.0.content"),
     ("/v1/completions", b'{"prompt": "a", "stop": ["\\udfff"], "max_tokens": 2}', 400, "lone surrogate", "stop"),
     ("/v1/completions", b'{"prompt": [true, 5], "max_tokens": 2}', 400, "valid integer", "prompt.0"),
-    ("/v1/completions", b'{"prompt": ["5"], "max_tokens": 2}', 400, "valid integer", "prompt.0"),
+    ("/v1/completions", b'{"prompt": [["5"]], "max_tokens": 2}', 400, "valid integer", "prompt.0.0"),  # ["5"]: one text
     ("/v1/chat/completions", b'{"messages": [{"role": "foo", "content": "hi"}], "max_tokens": 2}', 400,
      "'system', 'developer', 'user' or 'assistant'", "messages.0.role"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": '
