@@ -41,15 +41,14 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], title: str | 
 
 
 @contextlib.contextmanager
-def serving(*args: str, env: dict | None = None) -> Iterator[str]:
-    """`exactspec serve --name m ARGS` on a free loopback port, until the block ends: yields its URL
-    once /health answers."""
+def http_server(argv: Callable[[int], list[str]], env: dict | None = None) -> Iterator[str]:
+    """The server `argv(port)` starts, on a free loopback port, until the block ends: yields its URL
+    once /health answers (200)."""
     import httpx
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "exactspec.cli", "serve", "--name", "m", "--port", str(port),
-                             *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(argv(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
@@ -57,11 +56,18 @@ def serving(*args: str, env: dict | None = None) -> Iterator[str]:
                 if httpx.get(url + "/health", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.2)
         yield url
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def serving(*args: str, env: dict | None = None) -> contextlib.AbstractContextManager[str]:
+    """`exactspec serve --name m ARGS` (see http_server)."""
+    return http_server(lambda port: [sys.executable, "-m", "exactspec.cli", "serve", "--name", "m", "--port",
+                                     str(port), *args], env)
 
 
 def default_model(arg: str | None = None) -> str:

@@ -58,7 +58,8 @@ def run(model: str, system: str, questions: list[str], mb: int) -> dict:
                         cached.append(ev["usage"]["prompt_tokens_details"]["cached_tokens"])
             ttft.append(first)
             texts.append("".join(text))
-        return dict(ttft=statistics.median(ttft), texts=texts, cached=cached, rss=rss_of_port(int(url.rsplit(":", 1)[1])))
+        rss = rss_of_port(int(url.rsplit(":", 1)[1]))
+        return dict(ttft=statistics.median(ttft), texts=texts, cached=cached, rss=rss)
 
 
 def main() -> None:
@@ -77,7 +78,8 @@ def main() -> None:
     off, on = run(model, system, qs, 0), run(model, system, qs, 256)
     table(("prefix cache", "TTFT median (s)", "cached tokens (median)", "texts equal cache off", "server RSS (MB)"),
           [("off", f"{off['ttft']:.3f}", statistics.median(off["cached"]), "-", f"{off['rss']:.0f}"),
-           ("on", f"{on['ttft']:.3f}", statistics.median(on["cached"]), on["texts"] == off["texts"], f"{on['rss']:.0f}")],
+           ("on", f"{on['ttft']:.3f}", statistics.median(on["cached"]), on["texts"] == off["texts"],
+            f"{on['rss']:.0f}")],
           f"{model}: a {n_sys}-token system prompt + {len(qs)} questions, one at a time; TTFT off/on = "
           f"{off['ttft'] / on['ttft']:.1f}x")
 
