@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .decode.drafters import DraftModelDrafter, Drafter, LookupDrafter
+from .decode.drafters import DraftModelDrafter, Drafter, LookupDrafter, NgramPool, PoolDrafter
 from .decode.loop import BatchStats, Stats, run_batch
 from .decode.request import Limits, Request, check_prompt, make_request
 from .decode.sampling import SamplingParams, TokenLogprob, token_logprobs
@@ -41,6 +41,7 @@ class Model:
                  eos: tuple[int, ...]):
         self.folder, self.cfg, self.net, self.tokenizer, self.eos_token_ids = folder, cfg, net, tokenizer, eos
         self._same_vocab: weakref.WeakSet = weakref.WeakSet()  # draft Models whose tokenizer matched ours
+        self._pool: NgramPool | None = None  # draft="pool": the n-grams of this model's earlier sequences
 
     def __getstate__(self) -> dict:  # Ray's object store (exactspec.serve.ray); a WeakSet does not pickle
         s = dict(self.__dict__)
@@ -128,8 +129,9 @@ class Model:
                        repetition_penalty: float = 1.0, seed: int | None | Sequence[int | None] = 0,
                        logprobs: int | None = None, logprobs_mode: str = "raw",
                        on_text: Callable[[int, str], None] | None = None) -> list[GenerationResult]:
-        """Decode a batch of prompts. `draft`: None (plain), "lookup" (prompt lookup) or another
-        Model sharing the tokenizer. The token ids never depend on draft, num_draft_tokens or
+        """Decode a batch of prompts. `draft`: None (plain), "lookup" (prompt lookup), "pool" (prompt
+        lookup, then the n-grams of the sequences this Model decoded before) or another Model sharing
+        the tokenizer. The token ids never depend on draft, num_draft_tokens or
         the batch: only on the prompt, the sampling parameters and the seed. max_new_tokens=None:
         up to the context. seed=None: greedy ignores it; sampling draws a fresh one, reported in
         stats.seed so the run can be replayed. If decoding fails inside (not the caller's input), raises
@@ -176,7 +178,12 @@ class Model:
         if isinstance(draft, str):
             if draft == "lookup":
                 return LookupDrafter(max_ngram=max_ngram)
-            raise InvalidRequest(f"draft={draft!r}: unknown drafter (use 'lookup', a loaded Model, or None)", "draft")
+            if draft == "pool":  # prompt lookup, then the n-grams of this model's earlier sequences
+                if self._pool is None or self._pool.max_ngram != max_ngram:
+                    self._pool = NgramPool(max_ngram)
+                return PoolDrafter(self._pool)
+            raise InvalidRequest(f"draft={draft!r}: unknown drafter (use 'lookup', 'pool', a loaded Model, or None)",
+                                 "draft")
         if isinstance(draft, Model):
             if draft.cfg.vocab_size != self.cfg.vocab_size:
                 raise InvalidRequest(

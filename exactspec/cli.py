@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: a GGUF file's Q8_0, Q4_0, Q4_1, Q4_K weights stay quantized, the rest float32")
     g.add_argument("--quantize", default=None, choices=["q8_0", "q4_0", "q4_1"],
                    help="quantize the linear weights at load")
-    g.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), or 'lookup' for prompt lookup")
+    g.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), 'lookup' for prompt lookup, or "
+                   "'pool' (prompt lookup, then the n-grams of earlier requests)")
     g.add_argument("--draft-dtype", default=None, choices=["auto", "float32", "bfloat16"], help="default: --dtype")
     g.add_argument("--num-draft-tokens", type=_draft_len, default=4, help="k, or 'dynamic'")
     g.add_argument("--temperature", type=float, default=0.0)
@@ -50,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: a GGUF file's Q8_0, Q4_0, Q4_1, Q4_K weights stay quantized, the rest float32")
     v.add_argument("--quantize", default=None, choices=["q8_0", "q4_0", "q4_1"],
                    help="quantize the linear weights at load")
-    v.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), or 'lookup'")
+    v.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), 'lookup' (prompt lookup), "
+                   "or 'pool' (prompt lookup, then an n-gram pool of every request's prompt and output)")
     v.add_argument("--num-draft-tokens", type=_draft_len, default=4)
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8000)
@@ -167,7 +169,6 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import load, set_num_threads
-    from .decode.drafters import LookupDrafter
     from .serve.app import serve
     from .serve.options import ServeOptions
     if a.model is None:  # the demo's model, as `exactspec demo` fetches it
@@ -189,7 +190,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
             raise ExactSpecError(f"--ray needs Ray Serve: pip install 'exactspec[ray]' ({e})") from None
     model = load(a.model, dtype=a.dtype, max_context=a.max_context, quantize=a.quantize)
     draft = None
-    if a.draft is not None and a.draft != "lookup":
+    if a.draft is not None and a.draft not in ("lookup", "pool"):
         draft = load(a.draft, dtype=a.dtype, max_context=model.net.max_context, quantize=a.quantize)
     name = a.name or Path(a.model).name.removesuffix(".gguf")
     if a.ray:
@@ -197,7 +198,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         exact_ray.run(model, name, a.host, a.port, draft if draft is not None else a.draft, a.num_draft_tokens, opts,
                       scaling, a.ray_address)
         return 0
-    drafter = LookupDrafter() if a.draft == "lookup" else model.make_drafter(draft) if draft is not None else None
+    drafter = model.make_drafter(a.draft if a.draft in ("lookup", "pool") else draft)
     serve(model, name, a.host, a.port, drafter, a.num_draft_tokens, opts)
     return 0
 
@@ -229,7 +230,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         set_num_threads(a.threads)
     model = load(a.model, dtype=a.dtype, quantize=a.quantize)
     draft = a.draft
-    if draft is not None and draft != "lookup":
+    if draft is not None and draft not in ("lookup", "pool"):
         draft = load(draft, dtype=a.draft_dtype or a.dtype, quantize=a.quantize)
 
     def stream(piece: str) -> None:

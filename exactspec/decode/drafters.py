@@ -63,6 +63,74 @@ class LookupDrafter(Drafter):
         return []
 
 
+class NgramPool:
+    """Token sequences that finished (prompts and outputs of every request), indexed by their
+    n-grams (n = max_ngram down to min_ngram): for a suffix, the tokens that followed it in the newest
+    sequence that has it (its first occurrence there: the longest continuation). Bounded: the oldest sequences leave when the pool holds more than `max_tokens`."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_tokens: int = 1 << 18):
+        self.max_ngram, self.min_ngram, self.max_tokens = max_ngram, min_ngram, max_tokens
+        self.seqs: dict[int, list[int]] = {}  # id -> tokens, oldest first
+        self.index: dict[tuple[int, ...], tuple[int, int]] = {}  # n-gram -> (seq id, position after it)
+        self.tokens = 0
+        self._next = 0
+
+    def add(self, seq: Sequence[int]) -> None:
+        seq = list(seq)
+        if len(seq) < 2:
+            return
+        sid, self._next = self._next, self._next + 1
+        self.seqs[sid] = seq
+        self.tokens += len(seq)
+        first: dict[tuple[int, ...], tuple[int, int]] = {}  # inside a sequence the first occurrence (the
+        for n in range(self.min_ngram, self.max_ngram + 1):  # longest continuation), across them the newest
+            for i in range(len(seq) - n):
+                first.setdefault(tuple(seq[i:i + n]), (sid, i + n))
+        self.index.update(first)
+        while self.tokens > self.max_tokens and len(self.seqs) > 1:
+            old = next(iter(self.seqs))
+            gone = self.seqs.pop(old)
+            self.tokens -= len(gone)
+            for n in range(self.min_ngram, self.max_ngram + 1):
+                for i in range(len(gone) - n):
+                    key = tuple(gone[i:i + n])
+                    if self.index.get(key, (None,))[0] == old:
+                        del self.index[key]
+
+    def lookup(self, seq: Sequence[int], k: int) -> list[int]:
+        for n in range(min(self.max_ngram, len(seq)), self.min_ngram - 1, -1):
+            hit = self.index.get(tuple(seq[len(seq) - n:]))
+            if hit is not None:
+                src, i = self.seqs[hit[0]], hit[1]
+                return src[i:i + k]
+        return []
+
+
+class PoolDrafter(LookupDrafter):
+    """Prompt lookup first; where the sequence's own tokens offer fewer than k tokens, the n-gram pool
+    of the sequences that finished before it, if it offers more (shared by all requests of a server, or all calls of a
+    Model): a repeated question, a document quoted again, code edited twice."""
+
+    def __init__(self, pool: NgramPool):
+        super().__init__(pool.max_ngram, pool.min_ngram)
+        self.pool = pool
+        self.live: dict[int, list[int]] = {}  # slot -> its sequence's tokens (the loop's own list)
+
+    def propose(self, slots, seqs, ks, params) -> list[list[int]]:
+        out = []
+        for slot, seq, k in zip(slots, seqs, ks):
+            self.live[slot] = seq
+            own = self.lookup(seq, k)
+            pooled = self.pool.lookup(seq, k) if 0 < k and len(own) < k else []
+            out.append(pooled if len(pooled) > len(own) else own)
+        return out
+
+    def release(self, slot: int) -> None:
+        seq = self.live.pop(slot, None)
+        if seq is not None:
+            self.pool.add(seq)
+
+
 class DraftModelDrafter(Drafter):
     """A smaller model with its own KV cache. Each proposal first feeds the tokens of the sequence
     that its cache lacks (rolling back to the longest common prefix), then drafts one token at a

@@ -29,7 +29,6 @@ import ray
 from ray import serve
 
 from ..api import Model
-from ..decode.drafters import LookupDrafter
 from ..kernels import set_num_threads
 from .app import Server
 from .options import ServeOptions
@@ -73,8 +72,8 @@ class Replica:
         set_num_threads(threads)
         model: Model = ray.get(shared["model"])
         drafter = None
-        if draft == "lookup":
-            drafter = LookupDrafter()
+        if draft in ("lookup", "pool"):
+            drafter = model.make_drafter(draft)
         elif shared.get("draft") is not None:
             drafter = model.make_drafter(ray.get(shared["draft"]))
         self.server = Server(model, name, drafter, num_draft_tokens, opts)
@@ -108,7 +107,7 @@ class _Tagged:
 def application(model: Model, name: str, draft: Model | str | None = None, num_draft_tokens: int | str = 4,
                 opts: ServeOptions = ServeOptions(), scaling: Scaling = Scaling()) -> serve.Application:
     """The deployment, bound: `serve.run(application(...))` starts it on the connected Ray cluster.
-    draft: a draft Model, "lookup" (prompt lookup), or None."""
+    draft: a draft Model, "lookup" (prompt lookup), "pool" (lookup + the n-gram pool), or None."""
     shared = {"model": ray.put(model)}
     if isinstance(draft, Model):
         shared["draft"] = ray.put(draft)
