@@ -42,8 +42,11 @@ def test_concurrent_sharers_equal_cache_off(serve, model):
     assert cached[0] == [0] * 5
     n_sys = len(model.encode(SYSTEM))
     assert all(c >= (n_sys // BLOCK) * BLOCK > 0 for c in cached[64]), cached
-    hits = next(float(x.split()[-1]) for x in metrics.splitlines() if x.startswith("exactspec_prefix_cache_hit_tokens"))
-    assert hits >= sum(cached[64])
+    def metric(name):
+        return next(float(x.split()[-1]) for x in metrics.splitlines() if x.startswith(name + " "))
+    assert metric("exactspec_prefix_cache_hit_tokens") >= sum(cached[64])
+    held = metric("exactspec_prefix_cache_blocks")  # nothing runs now: the kept blocks are all that is in use
+    assert held > 0 and metric("exactspec_kv_resident_bytes") == held * metric("exactspec_kv_block_bytes")
 
 
 def test_salt_and_authorization_scopes(serve):
