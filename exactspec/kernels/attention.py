@@ -36,14 +36,23 @@ def _attend(qv, kk, vv, blocks, j0, n, mrow, scale, o):
     every = mrow.shape[0] == 0
     sc = np.zeros(n, np.float32)
     for b in range(j0 // B, (j0 + n - 1) // B + 1):
-        lo = max(j0, b * B)
-        hi = min(j0 + n, (b + 1) * B)
         kb = kk[blocks[b]]
-        for d in range(qv.shape[0]):
-            qd = qv[d]
-            krow = kb[d]
-            for j in range(lo, hi):
-                sc[j - j0] += qd * krow[j - b * B]
+        base = b * B - j0  # the block's first key, as an index of sc
+        if B == BLOCK and base >= 0 and base + BLOCK <= n:  # a whole block: a constant trip count, vectorized
+            s = sc[base:base + BLOCK]
+            for d in range(qv.shape[0]):
+                qd = qv[d]
+                krow = kb[d]
+                for j in range(BLOCK):
+                    s[j] += qd * krow[j]
+        else:  # the ends of the range (or one block of any size: the transformers layout)
+            lo = max(j0, b * B)
+            hi = min(j0 + n, (b + 1) * B)
+            for d in range(qv.shape[0]):
+                qd = qv[d]
+                krow = kb[d]
+                for j in range(lo, hi):
+                    sc[j - j0] += qd * krow[j - b * B]
     mx = np.float32(-np.inf)
     for j in range(n):
         sc[j] = sc[j] * scale
@@ -51,13 +60,15 @@ def _attend(qv, kk, vv, blocks, j0, n, mrow, scale, o):
             mx = sc[j]
     o[:] = 0.0
     l = np.float32(0.0)
-    for j in range(n):
-        if every or mrow[j0 + j] != 0:
-            e = np.float32(math.exp(sc[j] - mx))
-            l += e
-            vr = vv[blocks[(j0 + j) // B], (j0 + j) % B]
-            for d in range(o.shape[0]):
-                o[d] += e * vr[d]
+    for b in range(j0 // B, (j0 + n - 1) // B + 1):
+        vb = vv[blocks[b]]
+        for j in range(max(j0, b * B), min(j0 + n, (b + 1) * B)):
+            if every or mrow[j] != 0:
+                e = np.float32(math.exp(sc[j - j0] - mx))
+                l += e
+                vr = vb[j - b * B]
+                for d in range(o.shape[0]):
+                    o[d] += e * vr[d]
     for d in range(o.shape[0]):
         o[d] = o[d] / l
 
