@@ -25,6 +25,8 @@ from ..model.transformer import Rows, Transformer
 from .request import Request
 from .sampling import TokenLogprob, pick, pick_rows, processed_logits, token_logprobs
 
+PREFILL_ATTENTION_SHARE = 0.125  # beside decoding: a prompt's attention per step, in rows of linear work
+
 
 @dataclass
 class Stats:
@@ -103,6 +105,7 @@ class SeqState:
     error: Exception | None = None  # what ended it, when finish_reason is "error"
     fed: int = 0  # prompt tokens in the cache so far (a prompt may be fed in chunks, or start in shared blocks)
     kept: int = 0  # its first blocks handed to the prefix cache
+    credit: int = 0  # key positions its prefill's attention may still read while others decode
     joined_at: float = field(default_factory=time.perf_counter)
     stats: Stats = field(default_factory=Stats)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if the request asks
@@ -142,6 +145,10 @@ class Batch:
         self.capacity = min(capacity, target.max_context)
         self.cache = target.new_cache(n_slots, self.capacity, prefix_blocks)
         self.prefix = PrefixCache(self.cache, prefix_blocks) if prefix_blocks else None
+        c = target.cfg  # a prefill's attention per step beside decoding sequences: a share of one row's linear work
+        per_position = 2 * c.n_heads * c.head_dim * c.n_layers  # multiply-adds of one row over one key position
+        self._grant = max(1, int(PREFILL_ATTENTION_SHARE * target.stack.work) // per_position)
+        self._busy = False  # this step decodes sequences beside any prompt chunks
         self._free = list(range(n_slots - 1, -1, -1))
         self.seqs: list[SeqState] = []
         self.stats = BatchStats()
@@ -203,6 +210,7 @@ class Batch:
         # (Keys a failed forward wrote are past the valid lengths: garbage that is overwritten.)
         new = [s for s in live if not s.prefilled]
         old = [s for s in live if s.prefilled]
+        self._busy = bool(old)
         try:
             drafts = self._propose(old)
             logits = self._rows(new, old, drafts).forward(self.target, self.cache)
@@ -245,16 +253,32 @@ class Batch:
         return rows
 
     def _chunk_end(self, s: SeqState) -> int:
-        """Where this step's feed of a new sequence's prompt ends (the whole prompt without chunking)."""
+        """Where this step's feed of a new sequence's prompt ends (the whole prompt without chunking).
+        Beside decoding sequences a chunk's rows also stay within the sequence's attention credit (a row
+        at position p reads p + 1 keys): a long prompt's late chunks, whose attention dwarfs a decode
+        step, then take several steps' credit each instead of slowing every step of the others."""
         n = len(s.tokens)
-        return min(n, s.fed + self.prefill_chunk) if self.prefill_chunk else n
+        if not self.prefill_chunk:
+            return n
+        end = min(n, s.fed + self.prefill_chunk)
+        if not self._busy:
+            return end
+        e, cost, budget = s.fed, 0, s.credit + self._grant
+        while e < end and cost + e + 1 <= budget:
+            cost += e + 1
+            e += 1
+        return e
 
     def _accept(self, new: list[SeqState], old: list[SeqState], drafts: list[list[int]],
                 logits: torch.Tensor) -> list[tuple[SeqState, list[int]]]:
         """Pick the target's token at every row; keep the drafts up to the first disagreement."""
         out, r = [], 0
         for s in new:
-            s.fed = self._chunk_end(s)
+            end = self._chunk_end(s)
+            if self._busy and self.prefill_chunk:  # spend the credit; keep at most what the next row needs
+                left = s.credit + self._grant - (end * (end + 1) - s.fed * (s.fed + 1)) // 2
+                s.credit = min(left, max(self._grant, end + 1))
+            s.fed = end
             if not s.prefilled:  # a chunk of the prompt: no logits yet
                 out.append((s, []))
                 continue

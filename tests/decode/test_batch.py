@@ -73,19 +73,46 @@ def test_chunked_prefill_gives_the_same_tokens_and_logprobs(ckpt, chunk, drafter
     while not s.prefilled:
         b.step()
     g = b.add(target.request(long, 12, num_draft_tokens=k, **kw))
-    steps_while_long_prefills = 0
+    steps, fed = 0, 0
     while not g.prefilled:
-        before = len(s.generated)
+        before, credit, busy = len(s.generated), g.credit, s.finish_reason is None
         b.step()
-        steps_while_long_prefills += 1
+        steps += 1
         assert s.finish_reason is not None or len(s.generated) > before  # the short one never waits
-    assert steps_while_long_prefills == -(-len(long) // chunk)
+        assert g.fed - fed <= chunk
+        if busy:  # beside a decoding sequence: the chunk's attention (keys its rows read) within its credit
+            assert (g.fed * (g.fed + 1) - fed * (fed + 1)) // 2 <= credit + b._grant
+        fed = g.fed
+    assert steps >= -(-len(long) // chunk)
     while b.running:
         b.step()
     for seq, name in ((g, "long"), (s, "short")):
         assert seq.generated == want[name].token_ids, name
         assert [(x.token, x.logprob, x.top) for x in seq.logprobs] == \
             [(x.token, x.logprob, x.top) for x in want[name].logprobs], name
+
+
+def test_a_long_prompts_late_chunks_wait_for_credit_beside_decoding(ckpt):
+    """Beside a decoding sequence, a chunk whose attention (p + 1 keys per row at position p) exceeds
+    the step's grant is cut, down to no row at all until the credit covers one; the prefill still
+    completes, and every token is its solo token."""
+    target = exactspec.load(ckpt("llama"))
+    long, short = list(range(3, 240)), [5, 6, 7]
+    want = [target.generate(p, n, ignore_eos=True).token_ids for p, n in ((long, 4), (short, 400))]
+    b = Batch(target.net, n_slots=2, capacity=512, prefill_chunk=16)
+    s = b.add(target.request(short, 400, ignore_eos=True))
+    b.step()
+    g = b.add(target.request(long, 4, ignore_eos=True))
+    fed, sizes = 0, []
+    while not g.prefilled:
+        b.step()
+        sizes.append(g.fed - fed)
+        fed = g.fed
+    assert s.finish_reason is None  # the short one decoded all along
+    assert sizes[0] > 0 and 0 in sizes and max(sizes[-5:]) < sizes[0]  # late chunks cut, or none
+    while b.running:
+        b.step()
+    assert [g.generated, s.generated] == want
 
 
 def test_a_cancel_stops_a_long_prefill_at_the_next_chunk(ckpt):
