@@ -97,7 +97,7 @@ def test_a_long_prompts_late_chunks_wait_for_credit_beside_decoding(ckpt):
     the step's grant is cut, down to no row at all until the credit covers one; the prefill still
     completes, and every token is its solo token."""
     target = exactspec.load(ckpt("llama"))
-    long, short = list(range(3, 240)), [5, 6, 7]
+    long, short = list(range(3, 150)), [5, 6, 7]
     want = [target.generate(p, n, ignore_eos=True).token_ids for p, n in ((long, 4), (short, 400))]
     b = Batch(target.net, n_slots=2, capacity=512, prefill_chunk=16)
     s = b.add(target.request(short, 400, ignore_eos=True))
