@@ -169,6 +169,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import load, set_num_threads
+    from .decode.drafters import NAMED as NAMED_DRAFTERS
     from .serve.app import serve
     from .serve.options import ServeOptions
     if a.model is None:  # the demo's model, as `exactspec demo` fetches it
@@ -190,7 +191,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
             raise ExactSpecError(f"--ray needs Ray Serve: pip install 'exactspec[ray]' ({e})") from None
     model = load(a.model, dtype=a.dtype, max_context=a.max_context, quantize=a.quantize)
     draft = None
-    if a.draft is not None and a.draft not in ("lookup", "pool"):
+    if a.draft is not None and a.draft not in NAMED_DRAFTERS:
         draft = load(a.draft, dtype=a.dtype, max_context=model.net.max_context, quantize=a.quantize)
     name = a.name or Path(a.model).name.removesuffix(".gguf")
     if a.ray:
@@ -198,7 +199,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         exact_ray.run(model, name, a.host, a.port, draft if draft is not None else a.draft, a.num_draft_tokens, opts,
                       scaling, a.ray_address)
         return 0
-    drafter = model.make_drafter(a.draft if a.draft in ("lookup", "pool") else draft)
+    drafter = model.make_drafter(a.draft if a.draft in NAMED_DRAFTERS else draft)
     serve(model, name, a.host, a.port, drafter, a.num_draft_tokens, opts)
     return 0
 
@@ -225,12 +226,13 @@ def cmd_distill(a: argparse.Namespace) -> int:
 
 def cmd_generate(a: argparse.Namespace) -> int:
     from . import load, set_num_threads
+    from .decode.drafters import NAMED as NAMED_DRAFTERS
     from .decode.sampling import SamplingParams
     if a.threads is not None:
         set_num_threads(a.threads)
     model = load(a.model, dtype=a.dtype, quantize=a.quantize)
     draft = a.draft
-    if draft is not None and draft not in ("lookup", "pool"):
+    if draft is not None and draft not in NAMED_DRAFTERS:
         draft = load(draft, dtype=a.draft_dtype or a.dtype, quantize=a.quantize)
 
     def stream(piece: str) -> None:

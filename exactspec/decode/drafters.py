@@ -19,6 +19,9 @@ from ..model.transformer import Rows, Transformer
 from .sampling import SamplingParams, pick
 
 
+NAMED = ("lookup", "pool")  # drafters chosen by name (draft="lookup"); anything else names a draft model
+
+
 class Drafter:
     """The base: keeps no per-slot state (begin and release do nothing); counts its forwards."""
     forward_passes: int = 0
@@ -66,7 +69,8 @@ class LookupDrafter(Drafter):
 class NgramPool:
     """Token sequences that finished (prompts and outputs of every request), indexed by their
     n-grams (n = max_ngram down to min_ngram): for a suffix, the tokens that followed it in the newest
-    sequence that has it (its first occurrence there: the longest continuation). Bounded: the oldest sequences leave when the pool holds more than `max_tokens`."""
+    sequence that has it (its first occurrence there: the longest continuation). Bounded: the oldest
+    sequences leave when the pool holds more than `max_tokens`."""
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_tokens: int = 1 << 18):
         self.max_ngram, self.min_ngram, self.max_tokens = max_ngram, min_ngram, max_tokens
@@ -83,19 +87,22 @@ class NgramPool:
         self.seqs[sid] = seq
         self.tokens += len(seq)
         first: dict[tuple[int, ...], tuple[int, int]] = {}  # inside a sequence the first occurrence (the
-        for n in range(self.min_ngram, self.max_ngram + 1):  # longest continuation), across them the newest
-            for i in range(len(seq) - n):
-                first.setdefault(tuple(seq[i:i + n]), (sid, i + n))
+        for key, end in self._ngrams(seq):                  # longest continuation), across them the newest
+            first.setdefault(key, (sid, end))
         self.index.update(first)
         while self.tokens > self.max_tokens and len(self.seqs) > 1:
             old = next(iter(self.seqs))
             gone = self.seqs.pop(old)
             self.tokens -= len(gone)
-            for n in range(self.min_ngram, self.max_ngram + 1):
-                for i in range(len(gone) - n):
-                    key = tuple(gone[i:i + n])
-                    if self.index.get(key, (None,))[0] == old:
-                        del self.index[key]
+            for key, _ in self._ngrams(gone):
+                if self.index.get(key, (None,))[0] == old:
+                    del self.index[key]
+
+    def _ngrams(self, seq: list[int]):
+        """(n-gram, the position after it) for every n-gram with a token after it."""
+        for n in range(self.min_ngram, self.max_ngram + 1):
+            for i in range(len(seq) - n):
+                yield tuple(seq[i:i + n]), i + n
 
     def lookup(self, seq: Sequence[int], k: int) -> list[int]:
         for n in range(min(self.max_ngram, len(seq)), self.min_ngram - 1, -1):
@@ -108,8 +115,8 @@ class NgramPool:
 
 class PoolDrafter(LookupDrafter):
     """Prompt lookup first; where the sequence's own tokens offer fewer than k tokens, the n-gram pool
-    of the sequences that finished before it, if it offers more (shared by all requests of a server, or all calls of a
-    Model): a repeated question, a document quoted again, code edited twice."""
+    of the sequences that finished before it, if it offers more (shared by all requests of a server,
+    or all calls of a Model): a repeated question, a document quoted again, code edited twice."""
 
     def __init__(self, pool: NgramPool):
         super().__init__(pool.max_ngram, pool.min_ngram)

@@ -148,7 +148,6 @@ class Batch:
         c = target.cfg  # a prefill's attention per step beside decoding sequences: a share of one row's linear work
         per_position = 2 * c.n_heads * c.head_dim * c.n_layers  # multiply-adds of one row over one key position
         self._grant = max(1, int(PREFILL_ATTENTION_SHARE * target.stack.work) // per_position)
-        self._busy = False  # this step decodes sequences beside any prompt chunks
         self._free = list(range(n_slots - 1, -1, -1))
         self.seqs: list[SeqState] = []
         self.stats = BatchStats()
@@ -174,11 +173,11 @@ class Batch:
         if req.max_new_tokens == 0:
             s.finish_reason = "length"
         elif self.prefix is not None:  # a cached prefix: its blocks are shared, its prefill starts after them
-            for i, b in enumerate(self.prefix.match(req.cache_scope, req.prompt)):
+            blocks = self.prefix.match(req.cache_scope, req.prompt)
+            for i, b in enumerate(blocks):
                 self.cache.share(s.slot, i, b)
-                s.fed = s.kept = i + 1
-            s.fed *= BLOCK
-            s.stats.cached_tokens = s.fed
+            s.kept = len(blocks)
+            s.fed = s.stats.cached_tokens = len(blocks) * BLOCK
         self.seqs.append(s)
         return s
 
@@ -210,7 +209,6 @@ class Batch:
         # (Keys a failed forward wrote are past the valid lengths: garbage that is overwritten.)
         new = [s for s in live if not s.prefilled]
         old = [s for s in live if s.prefilled]
-        self._busy = bool(old)
         try:
             drafts = self._propose(old)
             logits = self._rows(new, old, drafts).forward(self.target, self.cache)
@@ -245,23 +243,24 @@ class Batch:
     def _rows(self, new: list[SeqState], old: list[SeqState], drafts: list[list[int]]) -> Rows:
         rows = Rows()
         for s in new:  # the prompt (or its next chunk); only the prompt's last row's logits are needed
-            end = self._chunk_end(s)
+            end = self._chunk_end(s, busy=bool(old))
             chunk = s.tokens[s.fed: end]
             rows.add(s.slot, chunk, s.fed, logits_from=None if end == len(s.tokens) else len(chunk))
         for s, d in zip(old, drafts):  # [last token] + drafts at positions len-1, len, ...
             rows.add(s.slot, [s.tokens[-1]] + d, len(s.tokens) - 1, logits_from=0)
         return rows
 
-    def _chunk_end(self, s: SeqState) -> int:
+    def _chunk_end(self, s: SeqState, busy: bool) -> int:
         """Where this step's feed of a new sequence's prompt ends (the whole prompt without chunking).
         Beside decoding sequences a chunk's rows also stay within the sequence's attention credit (a row
         at position p reads p + 1 keys): a long prompt's late chunks, whose attention dwarfs a decode
-        step, then take several steps' credit each instead of slowing every step of the others."""
+        step, then take several steps' credit each instead of slowing every step of the others.
+        `busy`: this step decodes other sequences."""
         n = len(s.tokens)
         if not self.prefill_chunk:
             return n
         end = min(n, s.fed + self.prefill_chunk)
-        if not self._busy:
+        if not busy:
             return end
         e, cost, budget = s.fed, 0, s.credit + self._grant
         while e < end and cost + e + 1 <= budget:
@@ -274,8 +273,8 @@ class Batch:
         """Pick the target's token at every row; keep the drafts up to the first disagreement."""
         out, r = [], 0
         for s in new:
-            end = self._chunk_end(s)
-            if self._busy and self.prefill_chunk:  # spend the credit; keep at most what the next row needs
+            end = self._chunk_end(s, busy=bool(old))
+            if old and self.prefill_chunk:  # spend the credit; keep at most what the next row needs
                 left = s.credit + self._grant - (end * (end + 1) - s.fed * (s.fed + 1)) // 2
                 s.credit = min(left, max(self._grant, end + 1))
             s.fed = end

@@ -38,7 +38,7 @@ from .threads import SERIAL_WORK, TwoBuilds, set_num_threads
 from .cpu import MR_MAX
 from .layout import NL
 
-__all__ = ["attention", "attention_ref", "ADD", "STORE", "SWIGLU", "fma_ref", "linear", "linear_np", "linear_ref",
+__all__ = ["BLOCK", "attention", "attention_ref", "ADD", "STORE", "SWIGLU", "fma_ref", "linear", "linear_np", "linear_ref",
            "PackedWeight", "pack_quant", "pack_weight", "cumsum", "log_softmax", "qkv_rope_cache", "rmsnorm",
            "rmsnorm_np", "rmsnorm_ref", "rope_table", "silu_mul", "silu_mul_np", "silu_mul_ref", "softmax",
            "SERIAL_WORK", "TwoBuilds", "set_num_threads", "MR_MAX", "NL"]

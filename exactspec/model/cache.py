@@ -7,9 +7,8 @@ is allocated empty and a page becomes resident when a block in it is first writt
 returns a slot's blocks when its sequence ends. A block may have several holders (slots sharing a
 prompt prefix, the prefix cache: prefix.py): it returns to the pool when the last lets go. Blocks
 shared are full and never written again (a sequence writes at positions >= its cache length only).
-Rollback costs nothing: a slot's valid length is its
-sequence's token count minus one, owned by the decode loop, and the next forward overwrites the
-positions of rejected drafts.
+Rollback costs nothing: a slot's valid length is its sequence's token count minus one, owned by the
+decode loop, and the next forward overwrites the positions of rejected drafts.
 
 Keys are stored transposed, (D, BLOCK) per block and kv head, so the attention kernel vectorizes
 scores across a block's keys. Entries at positions >= a slot's length are garbage: a row at
@@ -26,6 +25,11 @@ from ..kernels.attention import BLOCK
 from .memory import ensure_fits
 
 
+def block_bytes(n_layers: int, n_kv_heads: int, head_dim: int) -> int:
+    """Bytes of one KV block: BLOCK positions of every layer, keys and values, float32."""
+    return 2 * n_layers * n_kv_heads * head_dim * BLOCK * 4
+
+
 class KVCache:
     def __init__(self, n_layers: int, n_slots: int, n_kv_heads: int, head_dim: int, capacity: int,
                  spare_blocks: int = 0):
@@ -33,7 +37,7 @@ class KVCache:
         self.capacity, self.n_slots = capacity, n_slots
         per_slot = -(-capacity // BLOCK)
         n_blocks = n_slots * per_slot + spare_blocks  # every slot full + the kept ones: reserve never runs out
-        ensure_fits(2 * n_layers * n_blocks * n_kv_heads * head_dim * BLOCK * 4,
+        ensure_fits(n_blocks * block_bytes(n_layers, n_kv_heads, head_dim),
                     f"a KV cache for {n_slots} sequences x {capacity} positions (max_batch x max_context)",
                     "max_context")
         self.k = torch.empty(n_layers, n_kv_heads, n_blocks, head_dim, BLOCK)  # (L, Hkv, P, D, B)

@@ -20,7 +20,7 @@ import torch
 from .. import kernels as K
 from ..errors import UnsupportedModelError
 from . import forward as F
-from .cache import KVCache
+from .cache import KVCache, block_bytes
 from .config import Limits, ModelConfig
 from .memory import ensure_fits
 from .pack import DTYPES, Packer
@@ -147,9 +147,8 @@ class Transformer:
 
     @property
     def block_bytes(self) -> int:
-        """Bytes of one KV block (BLOCK positions, every layer, keys and values)."""
-        c = self.cfg
-        return 2 * c.n_layers * c.n_kv_heads * c.head_dim * K.BLOCK * 4
+        """Bytes of one block of this model's KV cache."""
+        return block_bytes(self.cfg.n_layers, self.cfg.n_kv_heads, self.cfg.head_dim)
 
     def _check(self, tokens: np.ndarray, pos: np.ndarray, slot: np.ndarray, cache: KVCache) -> None:
         # Not an input check (request.make_request / check_prompt do those, once): a guard for the

@@ -199,20 +199,21 @@ class Engine:
         finally:
             with self.cv:
                 self.stopped = True
-                calls, self.calls = list(self.calls), collections.deque()
-            for _, fut in calls:
-                if fut.set_running_or_notify_cancel():
-                    fut.set_exception(EngineDown("the decoding engine stopped"))
+            for _, fut in self._take_calls():
+                fut.set_exception(EngineDown("the decoding engine stopped"))
 
-    def _calls(self) -> None:
+    def _take_calls(self) -> list[tuple[Callable[[], object], concurrent.futures.Future]]:
+        """The pending calls whose callers still wait (a cancelled Future is dropped)."""
         with self.cv:
             calls, self.calls = list(self.calls), collections.deque()
-        for fn, fut in calls:
-            if fut.set_running_or_notify_cancel():
-                try:
-                    fut.set_result(fn())
-                except Exception as e:
-                    fut.set_exception(e)
+        return [(fn, fut) for fn, fut in calls if fut.set_running_or_notify_cancel()]
+
+    def _calls(self) -> None:
+        for fn, fut in self._take_calls():
+            try:
+                fut.set_result(fn())
+            except Exception as e:
+                fut.set_exception(e)
 
     def _loop(self) -> None:
         while True:
