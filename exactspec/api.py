@@ -199,7 +199,8 @@ class Model:
         raise InvalidRequest(f"draft={draft!r}: expected None, 'lookup' or an exactspec Model", "draft")
 
 
-def load(path: str | Path, dtype: str = "auto", max_context: int | None = None, quantize: str | None = None) -> Model:
+def load(path: str | Path, dtype: str = "auto", max_context: int | None = None, quantize: str | None = None,
+         activations: str = "int8") -> Model:
     """Load a model: a HF checkpoint folder, a .gguf file, or a Hugging Face Hub id (`org/name`,
     resolved through the local hub cache; HF_HUB_OFFLINE=1 keeps it offline).
 
@@ -207,7 +208,10 @@ def load(path: str | Path, dtype: str = "auto", max_context: int | None = None, 
     bitwise the logits of the dequantized model) and the rest as float32; "float32" or "bfloat16"
     dequantizes every weight to that (math in float32). quantize="q8_0", "q4_0" or "q4_1": every
     linear weight (and the embedding) quantized to it at load (llama.cpp's rounding, the gguf
-    package), the same kernels. max_context: longest
-    sequence (prompt + new tokens) served; default min(config, 8192)."""
-    c = open_checkpoint(path, dtype, max_context, quantize)
+    package), the same kernels. activations: what quantized weights multiply: "int8" (each row quantized
+    per block of 32 to int8, as llama.cpp does, then integer dot products: exact, so as invariant as the
+    float path, and several times fewer operations) or "float32" (the weights dequantized in registers
+    into float FMA chains: bitwise the logits of the dequantized model). Float weights ignore it.
+    max_context: longest sequence (prompt + new tokens) served; default min(config, 8192)."""
+    c = open_checkpoint(path, dtype, max_context, quantize, activations)
     return Model(c.folder, c.cfg, c.net, c.tokenizer, c.eos)

@@ -25,6 +25,12 @@ class Format:
     qbits: int
     has_min: bool
     sub_scales: bool = False
+    int_dot: bool = False  # the integer-dot order (below), for int8 activations (kernels/itile.py)
+
+    @property
+    def base(self) -> str:
+        """The weight format (quant.FORMATS) this layout holds."""
+        return self.name[:-1] if self.int_dot else self.name
 
     @property
     def row_bytes(self) -> int:  # one k-row of a block's quants
@@ -52,12 +58,19 @@ class Format:
         return self.mn_at + NL if self.sub_scales else self.sc_at if self.has_min else self.m_at
 
 
-LAYOUTS = {f.name: f for f in (Format("q8_0", 8, False), Format("q4_0", 4, False), Format("q4_1", 4, True),
-                               Format("q4_k", 4, True, True))}
+_FLOAT = (Format("q8_0", 8, False), Format("q4_0", 4, False), Format("q4_1", 4, True), Format("q4_k", 4, True, True))
+# The integer-dot layouts ("q4_0i", ...): the same scales, minimums and group bytes; the quants of a
+# group in 8 quads of 4 k's, each quad lane-major with the lane's 4 k's adjacent (what one 32-bit lane
+# of an integer dot product takes): 8-bit: byte u*128 + 4*j + kk holds lane j, k = 4u + kk, as q + 128
+# (0..255, unsigned); 4-bit: byte u*64 + 4*(j % 16) + kk holds lane j's q (0..15) in its low nibble for
+# j < 16, in its high one for j >= 16.
+_INT = tuple(Format(f.name + "i", f.qbits, f.has_min, f.sub_scales, True) for f in _FLOAT)
+LAYOUTS = {f.name: f for f in _FLOAT + _INT}
 GROUP_BYTES = LAYOUTS["q8_0"].group_bytes  # Q8_0 weights are uint8 (nblk, K/QK, GROUP_BYTES)
 
 
 def record_dtype(fmt: str):
-    """The numpy dtype of one group of a 4-bit format: a record whose one field is named by the format
-    (so the kernel's type tells the format; Q8_0 is plain uint8 with a last axis of GROUP_BYTES)."""
+    """The numpy dtype of one group of a 4-bit or integer-dot format: a record whose one field is named
+    by the format (so the kernel's type tells the format; Q8_0 is plain uint8 with a last axis of
+    GROUP_BYTES)."""
     return np.dtype([(fmt, np.uint8, (LAYOUTS[fmt].group_bytes,))])

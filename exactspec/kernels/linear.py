@@ -8,9 +8,11 @@ import math
 import numpy as np
 import torch
 from numba import njit, prange
+from numba.extending import overload
 
 from . import tile
-from .cpu import MR_MAX
+from .actquant import _is_int_dot, acts, linear_int_ref, nrows
+from .cpu import MR_INT, MR_MAX
 from .layout import NL
 from .pack import PackedWeight
 from .threads import SERIAL_WORK, TwoBuilds
@@ -28,17 +30,29 @@ def _tile_height(M, m0, i, ntiles):
     return (M - m0 + ntiles - i - 1) // (ntiles - i)
 
 
+def _tile_rows(w):
+    """The most rows of a tile for weight w (compiled code only)."""
+
+
+@overload(_tile_rows)
+def _tile_rows_impl(w):
+    mr = MR_INT if _is_int_dot(w) else MR_MAX
+    return lambda w: mr
+
+
 @njit(inline="always")
 def _linear_block(x, w, bias, y, b, mode):
-    # Output block b (NL columns of y) for every row of x, in tiles of at most MR_MAX rows: each
-    # weight vector is read once per tile, the rows' chains never mix.
-    M = x.shape[0]
+    # Output block b (NL columns of y) for every row of x (float rows, or for an integer-dot layout
+    # actquant.acts's int8 rows), in tiles of at most _tile_rows(w) rows: each weight vector is read
+    # once per tile, the rows' chains never mix.
+    M = nrows(x)
     n0 = b * NL
     nb = min(NL, y.shape[1] - n0)
     buf = np.empty((2, MR_MAX, NL), np.float32)
     t = buf[0]
     u = buf[1]  # SWIGLU: the up half
-    ntiles = (M + MR_MAX - 1) // MR_MAX
+    mr_max = _tile_rows(w)
+    ntiles = (M + mr_max - 1) // mr_max
     m0 = 0
     for i in range(ntiles):
         mr = _tile_height(M, m0, i, ntiles)
@@ -66,8 +80,9 @@ def _linear_block(x, w, bias, y, b, mode):
 
 @njit(parallel=True, cache=True, nogil=True)
 def _linear(x, w, bias, y):
+    xa = acts(x, w)
     for b in prange(w.shape[0]):
-        _linear_block(x, w, bias, y, b, STORE)
+        _linear_block(xa, w, bias, y, b, STORE)
     return y
 
 
@@ -107,8 +122,14 @@ def fma_ref(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return s.float()
 
 
-def linear_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Torch twin of `linear`: the same chain per output, acc = fma(x[:, k], w[:, k], acc), k ascending."""
+def linear_ref(x: torch.Tensor, w: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Torch twin of `linear`: the same chain per output, acc = fma(x[:, k], w[:, k], acc), k ascending
+    (w a tensor, or a PackedWeight: its weights and bias); for an integer-dot PackedWeight, actquant's
+    integer sums and combine (`linear_int_ref`)."""
+    if isinstance(w, PackedWeight):
+        if w.int_dot:
+            return linear_int_ref(x, w)
+        w, bias = w.unpack(), (torch.from_numpy(w.bias) if w.bias.shape[0] else None)
     w = w.float()
     y = torch.zeros(x.shape[0], w.shape[0])
     for k in range(w.shape[1]):

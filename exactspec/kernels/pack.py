@@ -36,7 +36,16 @@ class PackedWeight:
 
     @property
     def quantized(self) -> bool:
-        return self.fmt in quant.FORMATS
+        return self.fmt in LAYOUTS
+
+    @property
+    def int_dot(self) -> bool:
+        """Integer-dot layout: the kernel quantizes activations to int8 (kernels/actquant.py)."""
+        return self.quantized and LAYOUTS[self.fmt].int_dot
+
+    def quants(self) -> quant.Quantized:
+        """The quantized weight (all padded rows), as pack_quant took it."""
+        return _unpack_quant(self.data, self.fmt)
 
     def unpack(self) -> torch.Tensor:
         """(N, K) float32: the weight as the kernel sees it (for references and tests)."""
@@ -72,17 +81,24 @@ def _lanes(a: np.ndarray, nblk: int) -> np.ndarray:
     return p.reshape(nblk, NL, -1).transpose(0, 2, 1)
 
 
-def pack_quant(w: quant.Quantized, bias: torch.Tensor | None = None) -> PackedWeight:
-    """Pack a quantized weight kept quantized (LAYOUTS: quants k-major and lane-minor, then the
-    lanes' float16 scales, then minimums). Zero-pads N up to a multiple of NL (scale 0)."""
+def pack_quant(w: quant.Quantized, bias: torch.Tensor | None = None, int_dot: bool = False) -> PackedWeight:
+    """Pack a quantized weight kept quantized (LAYOUTS: quants k-major and lane-minor, or in the
+    integer-dot order, then the lanes' float16 scales, then minimums). Zero-pads N up to a multiple
+    of NL (scale 0)."""
     n, k = w.shape
     if k % QK:
         raise ValueError(f"pack_quant: rows of {k} are not whole groups of {QK}")
-    F = LAYOUTS[w.fmt]
+    F = LAYOUTS[w.fmt + ("i" if int_dot else "")]
     nblk, G = (n + NL - 1) // NL, k // QK
     data = np.empty((nblk, G, F.group_bytes), np.uint8)
     q = _lanes(w.q.reshape(n, k).view(np.uint8), nblk).reshape(nblk, G, QK, NL)  # (nblk, G, QK, NL)
-    if F.qbits == 4:  # byte j of a k-row: lane j low nibble, lane j + 16 high nibble
+    if int_dot:  # (nblk, G, quad, lane, k in quad)
+        q = q.reshape(nblk, G, QK // 4, 4, NL).transpose(0, 1, 2, 4, 3)
+        if F.qbits == 8:
+            q = q + np.uint8(128)  # int8 q + 128 as uint8 (wraps: the bits of q + 128 in 0..255)
+        else:
+            q = q[..., : NL // 2, :] | (q[..., NL // 2:, :] << 4)
+    elif F.qbits == 4:  # byte j of a k-row: lane j low nibble, lane j + 16 high nibble
         q = q[..., : NL // 2] | (q[..., NL // 2:] << 4)
     data[:, :, :F.d_at] = q.reshape(nblk, G, F.d_at)
     data[:, :, F.d_at: F.m_at] = _lanes(w.d, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
@@ -91,8 +107,8 @@ def pack_quant(w: quant.Quantized, bias: torch.Tensor | None = None) -> PackedWe
     if F.sub_scales:
         data[:, :, F.sc_at: F.mn_at] = _lanes(w.sc, nblk)
         data[:, :, F.mn_at:] = _lanes(w.mn, nblk)
-    if F.qbits == 4:
-        data = data.view(record_dtype(w.fmt))[:, :, 0]
+    if F.qbits == 4 or int_dot:
+        data = data.view(record_dtype(F.name))[:, :, 0]
     b = np.empty(0, np.float32) if bias is None else bias.float().contiguous().numpy().copy()
     return PackedWeight(data, n, k, b)
 
@@ -103,11 +119,13 @@ def _unpack_quant(data: np.ndarray, fmt: str) -> quant.Quantized:
     raw = np.ascontiguousarray(data).view(np.uint8)
     nblk, G = data.shape[:2]
     raw = raw.reshape(nblk, G, F.group_bytes)
-    q = raw[:, :, :F.d_at].reshape(nblk, G, QK, F.row_bytes)
-    if F.qbits == 4:
-        q = np.concatenate([q & 15, q >> 4], axis=3)
+    if F.int_dot:  # back to (nblk, G, QK, NL)
+        q = raw[:, :, :F.d_at].reshape(nblk, G, QK // 4, -1, 4)
+        q = (q - np.uint8(128)).view(np.int8) if F.qbits == 8 else np.concatenate([q & 15, q >> 4], axis=3)
+        q = q.transpose(0, 1, 2, 4, 3).reshape(nblk, G, QK, NL)
     else:
-        q = q.view(np.int8)
+        q = raw[:, :, :F.d_at].reshape(nblk, G, QK, F.row_bytes)
+        q = np.concatenate([q & 15, q >> 4], axis=3) if F.qbits == 4 else q.view(np.int8)
 
     def rows(a):  # (nblk, G, X, NL) -> (nblk*NL, G*X)
         return np.ascontiguousarray(a.transpose(0, 3, 1, 2)).reshape(nblk * NL, -1)
@@ -115,4 +133,4 @@ def _unpack_quant(data: np.ndarray, fmt: str) -> quant.Quantized:
     m = rows(raw[:, :, F.m_at: F.sc_at].copy().view(np.float16)[:, :, None, :]) if F.has_min else None
     sc = rows(raw[:, :, None, F.sc_at: F.mn_at]) if F.sub_scales else None
     mn = rows(raw[:, :, None, F.mn_at:]) if F.sub_scales else None
-    return quant.Quantized(fmt, rows(q), d, m, sc, mn)
+    return quant.Quantized(F.base, rows(q), d, m, sc, mn)

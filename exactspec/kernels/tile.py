@@ -73,18 +73,19 @@ def _f16_to_f32(builder, h):
 class _Tile:
     """The IR of one tile: mr rows, weights of format `fmt`."""
 
-    def __init__(self, context, builder, signature, args, mr: int, fmt: str):
+    def __init__(self, context, builder, signature, args, mr: int, fmt: str, with_x: bool = True):
         xv, m0v, wv, bv, tv = args
         xty, _, wty, _, tty = signature.args
         self.b, self.mr, self.fmt = builder, mr, fmt
         self.i8, self.i16, self.i32, self.i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
         self.vf = ir.VectorType(ir.FloatType(), V)
         self.i8p = self.i8.as_pointer()
-        xa = context.make_array(xty)(context, builder, xv)
         wa = context.make_array(wty)(context, builder, wv)
         ta = context.make_array(tty)(context, builder, tv)
-        self.sx = builder.udiv(cgutils.unpack_tuple(builder, xa.strides, 2)[0], self.c64(4))
-        self.xbase = builder.gep(xa.data, [builder.mul(m0v, self.sx)])  # float*: row m0, k = 0
+        if with_x:  # float rows (the integer-dot tile reads its own, itile.py)
+            xa = context.make_array(xty)(context, builder, xv)
+            self.sx = builder.udiv(cgutils.unpack_tuple(builder, xa.strides, 2)[0], self.c64(4))
+            self.xbase = builder.gep(xa.data, [builder.mul(m0v, self.sx)])  # float*: row m0, k = 0
         self.n = cgutils.unpack_tuple(builder, wa.shape, wty.ndim)[1]  # K (float) or groups (quantized)
         sb = cgutils.unpack_tuple(builder, wa.strides, wty.ndim)[0]  # bytes between blocks (a view may skip some)
         base = builder.ptrtoint(wa.data, self.i64)
@@ -216,9 +217,16 @@ def _make(mr: int):
     @intrinsic
     def tile(typingctx, x, m0, w, b, t):
         fmt = _format_of(w.dtype)
+        int_dot = fmt in LAYOUTS and LAYOUTS[fmt].int_dot
+        if int_dot != isinstance(x, types.BaseTuple):
+            raise TypeError(f"tile: {fmt} weights take {'(q, d, s) int8 activations' if int_dot else 'float rows'}")
 
         def codegen(context, builder, signature, args):
-            _Tile(context, builder, signature, args, mr, fmt).build()
+            if int_dot:
+                from .itile import ITile
+                ITile(context, builder, signature, args, mr, fmt).build()
+            else:
+                _Tile(context, builder, signature, args, mr, fmt).build()
             return context.get_dummy_value()
         return types.void(x, m0, w, b, t), codegen
     return tile
@@ -230,7 +238,8 @@ _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9, _t10 = _t
 
 @njit(inline="always")
 def run_tile(mr, x, m0, w, b, t):
-    """t[:mr, :NL] = the FMA chains of rows m0..m0+mr-1 against block b (K >= 1, mr <= MR_MAX)."""
+    """t[:mr, :NL] = the FMA chains of rows m0..m0+mr-1 against block b (K >= 1, mr <= MR_MAX); for an
+    integer-dot layout, x is actquant's (q, d, s) and t the combine of itile.py (mr <= MR_INT)."""
     if mr == 1:
         _t1(x, m0, w, b, t)
     elif mr == 2:

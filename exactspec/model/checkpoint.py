@@ -17,7 +17,7 @@ from ..text.tokenizer import Tokenizer
 from .config import ModelConfig, load_config, token_ids
 from .gguf_file import GGUFFile
 from .memory import release_free_heap
-from .pack import DTYPES
+from .pack import ACTIVATIONS, DTYPES
 from .transformer import Transformer
 from .weights import TensorStore
 
@@ -84,7 +84,7 @@ class Checkpoint:
 
 
 def open_checkpoint(path: str | Path, dtype: str = "auto", max_context: int | None = None,
-                    quantize: str | None = None) -> Checkpoint:
+                    quantize: str | None = None, activations: str = "int8") -> Checkpoint:
     """What `exactspec.load` reads (see its arguments)."""
     folder = resolve(path)
     gguf = is_gguf(folder)
@@ -93,6 +93,8 @@ def open_checkpoint(path: str | Path, dtype: str = "auto", max_context: int | No
                               "folder or a GGUF file)")
     if dtype != "auto" and dtype not in DTYPES:
         raise UnsupportedModelError(f"dtype={dtype!r} is not supported (auto, float32, bfloat16)")
+    if activations not in ACTIVATIONS:
+        raise UnsupportedModelError(f"activations={activations!r} is not supported ({', '.join(ACTIVATIONS)})")
     if quantize is not None and quantize not in QUANTIZERS:
         raise UnsupportedModelError(f"quantize={quantize!r} is not supported (None, {', '.join(map(repr, QUANTIZERS))}; "
                                     f"a GGUF file's {', '.join(f.upper() for f in FORMATS)} weights are kept as they are)")
@@ -105,11 +107,11 @@ def open_checkpoint(path: str | Path, dtype: str = "auto", max_context: int | No
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
         raise InvalidRequest(f"max_context={max_context!r}: must be an integer >= 2", "max_context")
     if gguf:
-        c = Checkpoint(folder, cfg, Transformer(cfg, store, dtype, max_context, quant), store.tokenizer(),
+        c = Checkpoint(folder, cfg, Transformer(cfg, store, dtype, max_context, quant, activations), store.tokenizer(),
                        cfg.eos_token_ids)
     else:
         tok = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
-        c = Checkpoint(folder, cfg, Transformer(cfg, TensorStore(folder), dtype, max_context, quant), tok,
+        c = Checkpoint(folder, cfg, Transformer(cfg, TensorStore(folder), dtype, max_context, quant, activations), tok,
                        _eos_ids(folder, cfg))
     del store  # the GGUF reader's parsed metadata: freed before the heap is handed back
     release_free_heap()

@@ -25,6 +25,7 @@ from numba.extending import overload
 
 from ..kernels.attention import _attend_task
 from ..kernels.layout import LAYOUTS, NL, QK
+from ..kernels.actquant import acts
 from ..kernels.linear import ADD, STORE, SWIGLU, _linear_block
 from ..kernels.pack import PackedWeight
 from ..kernels.rows import _qkv_rope_cache, _rmsnorm
@@ -58,6 +59,32 @@ def _f16(lo, hi):
 
 @overload(_embed)
 def _embed_impl(table, tokens, x):
+    if isinstance(table.dtype, types.Record):  # an integer-dot layout (kernels/layout.py), the packed records
+        (name,) = table.dtype.fields
+        F = LAYOUTS[name]
+        four, has_min, k_quant, quad = F.qbits == 4, F.has_min, F.sub_scales, 4 * NL * F.qbits // 8
+        D, M, SC, MN = F.d_at, F.m_at, F.sc_at, F.mn_at
+
+        def int_rows(table, tokens, x):
+            for r in range(tokens.shape[0]):
+                b, j = tokens[r] // NL, tokens[r] % NL
+                for g in range(table.shape[1]):
+                    grp = table[b, g][name]
+                    d = _f16(grp[D + 2 * j], grp[D + 2 * j + 1])
+                    m = _f16(grp[M + 2 * j], grp[M + 2 * j + 1]) if has_min else np.float32(0)
+                    if k_quant:
+                        d = d * np.float32(grp[SC + j])
+                        m = -(m * np.float32(grp[MN + j]))
+                    for kk in range(QK):
+                        if four:
+                            byte = np.int32(grp[(kk // 4) * quad + 4 * (j % (NL // 2)) + kk % 4])
+                            q = byte >> 4 if j >= NL // 2 else byte & 15
+                            v = np.float32(q) * d + m if has_min else np.float32(q - 8) * d
+                        else:
+                            v = np.float32(np.int32(grp[(kk // 4) * quad + 4 * j + kk % 4]) - 128) * d
+                        x[r, g * QK + kk] = v
+        return int_rows
+
     if table.dtype == types.uint8:  # a quantized format, told by its group size (kernels/layout.py)
         F8, F4, F41, FK = (LAYOUTS[f] for f in ("q8_0", "q4_0", "q4_1", "q4_k"))
         GB8, GB41, GBK = F8.group_bytes, F41.group_bytes, FK.group_bytes
@@ -139,28 +166,33 @@ def _forward(rows, top, layers, dims, cache, logits):
     a = np.empty((R, Hq * D), np.float32)
     a3 = a.reshape((R, Hq, D))  # the same memory, per head
     act = np.empty((R, I), np.float32)
-    for i in range(L):
+    for i in range(L):  # acts: each linear's input as its tile takes it (int8 rows for integer-dot layouts)
         _rmsnorm(x, attn_norm[i], eps, h)
+        ha = acts(h, wqkv[i])
         for b in prange(wqkv.shape[1]):
-            _linear_block(h, wqkv[i], bqkv[i], qkv, b, STORE)
+            _linear_block(ha, wqkv[i], bqkv[i], qkv, b, STORE)
         _qkv_rope_cache(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos, sin, table, slot, pos, kc[i], vc[i], q)
         for t in prange(R * Hq):
             _attend_task(t, q, kc[i], vc[i], table, slot, pos, scale, window, a3)
+        aa = acts(a, wo[i])
         for b in prange(wo.shape[1]):
-            _linear_block(a, wo[i], bo[i], x, b, ADD)
+            _linear_block(aa, wo[i], bo[i], x, b, ADD)
         _rmsnorm(x, mlp_norm[i], eps, h)
+        ha = acts(h, wgu[i])
         for c in prange(wgu.shape[1] // 2):
-            _linear_block(h, wgu[i], bgu[i], act, c, SWIGLU)
+            _linear_block(ha, wgu[i], bgu[i], act, c, SWIGLU)
+        acta = acts(act, wdown[i])
         for b in prange(wdown.shape[1]):
-            _linear_block(act, wdown[i], bdown[i], x, b, ADD)
+            _linear_block(acta, wdown[i], bdown[i], x, b, ADD)
     n = out_rows.shape[0]
     hf = np.empty((n, H), np.float32)
     xs = np.empty((n, H), np.float32)
     for r in range(n):
         xs[r] = x[out_rows[r]]
     _rmsnorm(xs, norm, eps, hf)
+    hfa = acts(hf, head)
     for b in prange(head.shape[0]):
-        _linear_block(hf, head, np.empty(0, np.float32), logits, b, STORE)
+        _linear_block(hfa, head, np.empty(0, np.float32), logits, b, STORE)
     return logits
 
 

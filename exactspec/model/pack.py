@@ -15,6 +15,7 @@ from .config import ModelConfig
 from .weights import TensorStore
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ACTIVATIONS = ("int8", "float32")  # what quantized weights multiply (Packer)
 # The stored tensors of each kind of linear weight (one stacked weight per kind and layer).
 KINDS = {"qkv": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
          "o": ("self_attn.o_proj.weight",), "gate_up": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
@@ -25,10 +26,14 @@ EMBED = "model.embed_tokens.weight"
 class Packer:
     """quant: "none" (every weight as `dtype`), "keep" (linear weights the store holds in a block
     format of quant.FORMATS stay so: GGUF files), or one of quant.QUANTIZERS (every linear weight
-    and the embedding quantized to it at load)."""
+    and the embedding quantized to it at load). activations: "int8" packs quantized weights in the
+    integer-dot layouts (their rows' activations quantized to int8, kernels/actquant.py), "float32" in
+    the layouts whose weights are dequantized into float FMA chains."""
 
-    def __init__(self, cfg: ModelConfig, store: TensorStore, dtype: str, quant: str = "none"):
+    def __init__(self, cfg: ModelConfig, store: TensorStore, dtype: str, quant: str = "none",
+                 activations: str = "int8"):
         self.cfg, self.store, self.dtype, self.quant, self.wd = cfg, store, dtype, quant, DTYPES[dtype]
+        self.int_dot = activations == "int8"
         # The format each kind (qkv, o, gate+up, down, embed, head) is kept in: when keeping a file's
         # formats, a kind stays quantized only if every layer's tensors of it share one (the kernel
         # takes one format per stacked weight); otherwise it is `dtype`.
@@ -66,7 +71,7 @@ class Packer:
         if self.fmt[kind]:
             qs = [(st.get_quant(n, s) if self.quant == "keep" else None) or
                   Q.quantize(st.get(n, s, torch.float32).numpy(), self.fmt[kind], n) for n, s in parts]
-            return K.pack_quant(Q.concat(qs), b)
+            return K.pack_quant(Q.concat(qs), b, self.int_dot)
         return K.pack_weight(torch.cat([st.get(n, s, self.wd) for n, s in parts]), b)
 
     # -- the model's pieces -----------------------------------------------------------------------

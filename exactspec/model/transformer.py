@@ -23,7 +23,7 @@ from . import forward as F
 from .cache import KVCache, block_bytes
 from .config import Limits, ModelConfig
 from .memory import ensure_fits
-from .pack import DTYPES, Packer
+from .pack import ACTIVATIONS, DTYPES, Packer
 from .weights import TensorStore
 
 
@@ -77,15 +77,21 @@ def inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 def _quant_table(w: K.PackedWeight) -> np.ndarray:
     """A quantized packed weight's bytes as the embedding lookup reads them: (nblk, H/32, group bytes)
-    uint8, a view (F.embed_rows reads row t from lane t % NL of block t // NL)."""
+    uint8, a view (F.embed_rows reads row t from lane t % NL of block t // NL); an integer-dot layout's
+    records as they are (their type names the layout)."""
+    if w.int_dot:
+        return w.data
     return w.data.view(np.uint8).reshape(w.data.shape[:2] + (-1,))
 
 
 class Transformer:
-    def __init__(self, cfg: ModelConfig, store: TensorStore, dtype: str, max_context: int, quant: str = "none"):
-        """quant: "none", "keep" or a quantizer (see pack.Packer)."""
+    def __init__(self, cfg: ModelConfig, store: TensorStore, dtype: str, max_context: int, quant: str = "none",
+                 activations: str = "int8"):
+        """quant: "none", "keep" or a quantizer; activations: "int8" or "float32" (see pack.Packer)."""
         if dtype not in DTYPES:
             raise UnsupportedModelError(f"dtype={dtype!r} is not supported (float32, bfloat16)")
+        if activations not in ACTIVATIONS:
+            raise UnsupportedModelError(f"activations={activations!r} is not supported ({', '.join(ACTIVATIONS)})")
         self.cfg = cfg
         self.max_context = max_context
         H, D, Hq, Hkv = cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
@@ -95,7 +101,7 @@ class Transformer:
         if Hq % Hkv:
             raise UnsupportedModelError(f"num_attention_heads={Hq} is not a multiple of num_key_value_heads={Hkv}")
 
-        p = Packer(cfg, store, dtype, quant)
+        p = Packer(cfg, store, dtype, quant, activations)
         embed = p.embed()
         st = None
         for i in range(cfg.n_layers):
@@ -108,6 +114,8 @@ class Transformer:
         self.norm = p.norm("model.norm.weight", H)
         self.lm_head = p.head(embed)
         self.dtype = p.name()  # e.g. "q4_1+q8_0+float32": the formats kept, then the rest
+        # what quantized weights multiply: int8 rows (integer dot products) or float32 ones
+        self.activations = activations if any(p.fmt.values()) else "float32"
         self.cos, self.sin = K.rope_table(inv_freq(cfg), max_context)  # (C, D) each
         self.scale = 1.0 / math.sqrt(D)
         if isinstance(embed, K.PackedWeight):

@@ -1,0 +1,115 @@
+"""The integer-dot register tile (LLVM IR), for weights in an integer-dot layout (layout.py) and int8
+activations (actquant.py): `tile.run_tile(mr, (q, d, s), m0, w, b, t)`.
+
+Per group of 32 k's, each output's sum of u * q (unsigned weight quants times int8 activations) is an
+integer sum: exact in int32 (|sum| <= 32 * 255 * 127 < 2^20), so any instruction and order gives the
+same value: AVX512-VNNI `vpdpbusd` (4 products per 32-bit lane, no saturation) where the target has
+it, else widening multiplies and adds. Then the group's float combine (actquant.py's docstring), the
+same fixed sequence of operations for every row count, tile height, thread count and CPU, accumulated
+in t (memory) so that the registers hold only the integer accumulators.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+
+from .cpu import VNNI
+from .layout import LAYOUTS, NL
+from .quant import QK
+from .tile import V, _f16_to_f32, _Tile
+
+
+class ITile(_Tile):
+    """The IR of one integer-dot tile: mr rows, weights of the integer-dot layout `fmt`."""
+
+    def __init__(self, context, builder, signature, args, mr: int, fmt: str):
+        xv, m0v, wv, bv, tv = args
+        xty, _, wty, _, tty = signature.args
+        super().__init__(context, builder, signature, args, mr, fmt, with_x=False)
+        arrs = [context.make_array(ty)(context, builder, builder.extract_value(xv, i)) for i, ty in enumerate(xty.types)]
+        qa, da, sa = arrs
+        rs = [builder.udiv(cgutils.unpack_tuple(builder, a.strides, 2)[0], self.c64(sz)) for a, sz in zip(arrs, (1, 4, 4))]
+        self.sq, self.sd, self.ss = rs
+        self.qbase = builder.gep(qa.data, [builder.mul(m0v, self.sq)])  # int8*: row m0, k = 0
+        self.dbase = builder.gep(da.data, [builder.mul(m0v, self.sd)])  # float*: row m0, group 0
+        self.sbase = builder.gep(sa.data, [builder.mul(m0v, self.ss)])  # i32*: row m0, group 0
+        self.vi = ir.VectorType(self.i32, V)
+        self.vb = ir.VectorType(self.i8, 4 * V)
+        if VNNI:
+            self.dp = cgutils.get_or_insert_function(builder.module, ir.FunctionType(self.vi, [self.vi] * 3),
+                                                     "llvm.x86.avx512.vpdpbusd.512")
+
+    def bcast(self, v, vty):
+        b = self.b
+        e = b.insert_element(ir.Constant(vty, ir.Undefined), v, ir.Constant(self.i32, 0))
+        return b.shuffle_vector(e, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(self.i32, V), [0] * V))
+
+    def dot(self, acc, w, x):
+        """acc[l] + sum_{i<4} w[4l + i] * x[4l + i]: w <64 x i8> unsigned, x <16 x i32> (4 int8 each)."""
+        b = self.b
+        if VNNI:
+            return b.call(self.dp, [acc, b.bitcast(w, self.vi), x])
+        i16, i32 = ir.VectorType(self.i16, 4 * V), ir.VectorType(self.i32, 2 * V)
+        p = b.mul(b.zext(w, i16), b.sext(b.bitcast(x, self.vb), i16))  # |w * x| <= 255 * 127: fits int16
+
+        def half(v, n, ty):
+            ev = b.sext(b.shuffle_vector(v, v, ir.Constant(ir.VectorType(self.i32, n), list(range(0, 2 * n, 2)))), ty)
+            od = b.sext(b.shuffle_vector(v, v, ir.Constant(ir.VectorType(self.i32, n), list(range(1, 2 * n, 2)))), ty)
+            return b.add(ev, od)
+        p2 = half(p, 2 * V, i32)
+        p4 = half(p2, V, self.vi)
+        return b.add(acc, p4)
+
+    def group_body(self, g, acc: list) -> list:
+        b, F, vf, vi = self.b, LAYOUTS[self.fmt], self.vf, self.vi
+        gb = b.gep(self.w, [b.mul(g, self.c64(F.group_bytes))])
+        quad_bytes = 4 * NL * F.qbits // 8
+        nacc = 2 if self.mr <= 2 else 1  # independent integer chains per output (exact: any split)
+        zero = ir.Constant(vi, None)
+        iacc = [[zero] * nacc for _ in range(self.mr * (NL // V))]
+        xrow = [b.gep(self.qbase, [b.add(b.mul(self.c64(r), self.sq), b.mul(g, self.c64(QK)))]) for r in range(self.mr)]
+        for u in range(QK // 4):
+            row = b.gep(gb, [self.c64(u * quad_bytes)])
+            for line in range(quad_bytes // 64):
+                self.prefetch(b.gep(row, [self.c64(64 * line)]))
+            if F.qbits == 8:
+                ws = [b.load(b.bitcast(b.gep(row, [self.c64(4 * V * v)]), self.vb.as_pointer()), align=1)
+                      for v in range(NL // V)]
+            else:
+                packed = b.load(b.bitcast(row, self.vb.as_pointer()), align=1)
+                ws = [b.and_(packed, ir.Constant(self.vb, [15] * (4 * V))), b.lshr(packed, ir.Constant(self.vb, [4] * (4 * V)))]
+            for r in range(self.mr):
+                xq = b.load(b.bitcast(b.gep(xrow[r], [self.c64(4 * u)]), self.i32.as_pointer()), align=1)
+                xb = self.bcast(xq, vi)
+                for v in range(NL // V):
+                    a = iacc[r * (NL // V) + v]
+                    a[u % nacc] = self.dot(a[u % nacc], ws[v], xb)
+        isum = [a[0] if nacc == 1 else b.add(a[0], a[1]) for a in iacc]
+
+        def halves(off):
+            return [_f16_to_f32(b, self.vec(b.gep(gb, [self.c64(off + 2 * V * v)]), self.i16, 2)) for v in range(NL // V)]
+        dw = halves(F.d_at)
+        mins = halves(F.m_at) if F.has_min else None
+        if F.sub_scales:
+            def bytes_(off):
+                return [b.uitofp(self.vec(b.gep(gb, [self.c64(off + V * v)]), self.i8, 1), vf) for v in range(NL // V)]
+            dw = [b.fmul(d, s) for d, s in zip(dw, bytes_(F.sc_at))]
+            mins = [b.fneg(b.fmul(d, m)) for d, m in zip(mins, bytes_(F.mn_at))]
+        offset = {"q8_0": 128, "q4_0": 8}.get(F.base, 0)
+        acc = list(acc)
+        for r in range(self.mr):
+            dx = b.load(b.gep(self.dbase, [b.add(b.mul(self.c64(r), self.sd), g)]))
+            sx = b.load(b.gep(self.sbase, [b.add(b.mul(self.c64(r), self.ss), g)]))
+            dxv = self.bcast(dx, vf)
+            if F.has_min:
+                sxf = self.bcast(b.fmul(dx, b.sitofp(sx, ir.FloatType())), vf)
+            for v in range(NL // V):
+                i = r * (NL // V) + v
+                s = isum[i]
+                if offset:
+                    s = b.sub(s, self.bcast(b.mul(sx, ir.Constant(self.i32, offset)), vi))
+                a = b.call(self.fma, [b.sitofp(s, vf), b.fmul(dw[v], dxv), acc[i]])
+                if F.has_min:
+                    a = b.call(self.fma, [mins[v], sxf, a])
+                acc[i] = a
+        return acc
