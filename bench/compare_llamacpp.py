@@ -1,21 +1,27 @@
 """exactspec vs llama.cpp on the same weights (BF16, or Q8_0 / Q4_0 / Q4_1 kept quantized by both),
 side by side in one run, 2 threads each.
 
-    pip install -e '.[bench]'        # llama-cpp-python (built from source by pip) and gguf
-    python bench/compare_llamacpp.py [--tokens 64] [--repeat 3] [--llama-python PATH] [--gguf FILE] \
-        [--qtype BF16 Q8_0 Q4_0 Q4_1 FILE]
+    python bench/compare_llamacpp.py --llama-bench PATH [--tokens 64] [--repeat 3] [--gguf FILE] \
+        [--qtype BF16 Q8_0 Q4_0 Q4_1 FILE] [--activations int8 float32] [--shape 0.5b|7b]
+
+The peer is llama.cpp's own `llama-bench` binary (--llama-bench; build it from the llama-cpp-python
+sdist's vendor/llama.cpp, see bench/README or the closing notes: `pip download llama-cpp-python==0.3.36
+--no-deps --no-binary :all:`, untar, `cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF
+-DCMAKE_BUILD_TYPE=Release && cmake --build build -j2 --target llama-bench`), run as `llama-bench -m FILE
+-t THREADS -p 64 -n TOKENS -r 1 -o json`; without it, llama-cpp-python's bindings (--llama-python).
 
 A random Llama in Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14/2 heads, intermediate 4864,
 vocabulary 32000, tied embeddings) is saved once as a HF folder (for exactspec) and written as a
 BF16 GGUF with gguf.GGUFWriter (for llama.cpp: q/k rows permuted to its rotary layout, as its own
 converter does), and as a GGUF of each quantized --qtype (every matrix, embedding included, quantized
 by the gguf package, as llama.cpp's quantize does for a "pure" file). With --gguf FILE, FILE's
-weights dequantized to BF16 (or quantized from there), and FILE itself as it is (--qtype FILE). Each side runs in its own process, one after the other (their thread pools spin
-after each call and would steal each other's cores): prompt processing of a 64-token prompt
-(tokens/s) and greedy generation (tokens/s, argmax of the logits, no sampler), median of --repeat
-runs. Prints the ratios, and how many greedy tokens the two agree on (llama.cpp rounds the
-activations to bf16 for its BF16 dot products; exactspec keeps them float32, so they drift apart
-at the first near-tie).
+weights dequantized to BF16 (or quantized from there), and FILE itself as it is (--qtype FILE).
+--shape 7b: a Llama-2-7B-shape Q4_0 file (32 layers, hidden 4096, intermediate 11008, vocabulary
+32000) written directly as random valid blocks (no float weights), both sides reading it.
+Each side runs in its own process, one after the other (their thread pools spin after each call and
+would steal each other's cores): prompt processing of a 64-token prompt (tokens/s) and greedy
+generation (tokens/s), median of --repeat runs; for ours also the verify cost forward(k)/forward(1)
+on a 64-token cache, for each --activations choice of quantized weights.
 """
 from __future__ import annotations
 
@@ -28,9 +34,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import QWEN_05B, table
+from common import QWEN_05B, table, timed
 
 SHAPE = dict(QWEN_05B, rms_norm_eps=1e-6, rope_theta=1000000.0, bos_token_id=1, eos_token_id=2)
+LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                 rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
 PROMPT = [1] + list(range(300, 363))  # 64 tokens
 
 
@@ -74,12 +83,45 @@ def from_gguf(src: Path, folder: Path, qtypes: list[str]) -> dict:
     return shape
 
 
-def write_gguf(sd: dict, path: Path, c: dict, qtype: str = "BF16") -> None:
-    """BF16: every matrix as bfloat16. Q8_0, Q4_0, Q4_1: every matrix quantized by the gguf package (as
-    llama.cpp's quantize does for a pure file of that type, the embedding and the head included)."""
+def random_q4_0(folder: Path) -> None:
+    """model-q4_0.gguf in LLAMA2_7B's shape, every matrix random valid Q4_0 blocks (float16 scales of
+    +-(0.002..0.02), random nibbles), norms 1: written block by block, no float weights."""
     import gguf
     import numpy as np
-    import torch
+    c = LLAMA2_7B
+    rng = np.random.default_rng(0)
+    w = _writer(folder / "model-q4_0.gguf", c, "Q4_0")
+    H, I = c["hidden_size"], c["intermediate_size"]
+
+    def blocks(n: int, k: int) -> np.ndarray:
+        b = rng.integers(0, 256, (n, k // 32, 18), dtype=np.uint8)
+        d = (rng.uniform(0.002, 0.02, (n, k // 32)) * rng.choice([-1, 1], (n, k // 32))).astype(np.float16)
+        b[:, :, :2] = d.view(np.uint8).reshape(n, k // 32, 2)
+        return b.reshape(n, -1)
+
+    def put(name: str, n: int, k: int) -> None:
+        w.add_tensor(name, blocks(n, k), raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    put("token_embd.weight", c["vocab_size"], H)
+    w.add_tensor("output_norm.weight", np.ones(H, np.float32))
+    put("output.weight", c["vocab_size"], H)
+    for i in range(c["num_hidden_layers"]):
+        b = f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", np.ones(H, np.float32))
+        w.add_tensor(b + "ffn_norm.weight", np.ones(H, np.float32))
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            put(b + name + ".weight", H, H)
+        put(b + "ffn_gate.weight", I, H)
+        put(b + "ffn_up.weight", I, H)
+        put(b + "ffn_down.weight", H, I)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _writer(path: Path, c: dict, qtype: str):
+    """A GGUFWriter with the llama metadata of shape c and a placeholder vocabulary."""
+    import gguf
     H, Hq, Hkv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_context_length(c["max_position_embeddings"])
@@ -105,6 +147,17 @@ def write_gguf(sd: dict, path: Path, c: dict, qtype: str = "BF16") -> None:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
+    return w
+
+
+def write_gguf(sd: dict, path: Path, c: dict, qtype: str = "BF16") -> None:
+    """BF16: every matrix as bfloat16. Q8_0, Q4_0, Q4_1: every matrix quantized by the gguf package (as
+    llama.cpp's quantize does for a pure file of that type, the embedding and the head included)."""
+    import gguf
+    import numpy as np
+    import torch
+    Hq, Hkv = c["num_attention_heads"], c["num_key_value_heads"]
+    w = _writer(path, c, qtype)
 
     def permute(t: torch.Tensor, heads: int) -> torch.Tensor:  # HF rotate-half rows -> llama.cpp's pairs
         return t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
@@ -138,18 +191,40 @@ def write_gguf(sd: dict, path: Path, c: dict, qtype: str = "BF16") -> None:
     w.close()
 
 
-def run_ours(folder: Path, tokens: int, threads: int, qtype: str) -> dict:
+def run_ours(folder: Path, tokens: int, threads: int, qtype: str, activations: str = "int8") -> dict:
     import exactspec
+    from exactspec.model.transformer import Rows
     exactspec.set_num_threads(threads)
     if qtype != "BF16":  # the very file llama.cpp reads, its quantized weights kept quantized
-        model = exactspec.load(folder / f"model-{qtype.lower()}.gguf", max_context=512)
+        model = exactspec.load(folder / f"model-{qtype.lower()}.gguf", max_context=512, activations=activations)
     else:
         src = folder / "hf" if (folder / "hf").is_dir() else folder / "model-bf16.gguf"
         model = exactspec.load(src, dtype="bfloat16", max_context=512)
     model.generate(PROMPT, 4, ignore_eos=True)  # compile, warm
     r = model.generate(PROMPT, tokens, ignore_eos=True)
     gen = (len(r.token_ids) - 1) / (r.stats.wall_time - r.stats.time_to_first_token)
-    return {"pp": len(PROMPT) / r.stats.time_to_first_token, "tg": gen, "tokens": r.token_ids}
+    net, cache = model.net, model.net.new_cache(1, 128)
+    rows = Rows()
+    rows.add(0, PROMPT, 0)
+    rows.forward(net, cache)
+    times = {}
+    for m in (1, 5, 9):  # verify cost: m rows after a 64-token prompt
+        rows = Rows()
+        rows.add(0, PROMPT[:m], len(PROMPT), logits_from=0)
+        times[m] = statistics.median(timed(lambda: rows.forward(net, cache)) for _ in range(7))
+    return {"pp": len(PROMPT) / r.stats.time_to_first_token, "tg": gen, "tokens": r.token_ids,
+            "v5": times[5] / times[1], "v9": times[9] / times[1]}
+
+
+def run_llamabench(binary: str, folder: Path, tokens: int, threads: int, qtype: str) -> dict:
+    out = subprocess.run([binary, "-m", str(folder / f"model-{qtype.lower()}.gguf"), "-t", str(threads), "-p",
+                          str(len(PROMPT)), "-n", str(tokens), "-r", "1", "-o", "json"], capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"llama-bench failed:\n{out.stderr[-3000:]}")
+    res = json.loads(out.stdout)
+    pp = next(r["avg_ts"] for r in res if r["n_prompt"] and not r["n_gen"])
+    tg = next(r["avg_ts"] for r in res if r["n_gen"] and not r["n_prompt"])
+    return {"pp": pp, "tg": tg, "tokens": None}
 
 
 def run_llamacpp(folder: Path, tokens: int, threads: int, qtype: str) -> dict:
@@ -173,10 +248,11 @@ def run_llamacpp(folder: Path, tokens: int, threads: int, qtype: str) -> dict:
     return {"pp": pp, "tg": (tokens - 1) / (time.perf_counter() - t), "tokens": out}
 
 
-def _child(side: str, folder: str, tokens: int, threads: int, python: str, qtype: str) -> dict:
+def _child(side: str, folder: str, tokens: int, threads: int, python: str, qtype: str, act: str = "") -> dict:
+    extra = f", {act!r}" if act else ""
     code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import compare_llamacpp as c; "
             f"from pathlib import Path; print(json.dumps(c.run_{side}(Path({folder!r}), {tokens}, {threads}, "
-            f"{qtype!r})))")
+            f"{qtype!r}{extra})))")
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
     if out.returncode:
         raise SystemExit(f"{side} run failed:\n{out.stderr[-3000:]}")
@@ -188,16 +264,25 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--llama-python", default=sys.executable, help="a Python with llama-cpp-python installed")
+    ap.add_argument("--llama-bench", default=None, help="llama.cpp's llama-bench binary (the peer)")
+    ap.add_argument("--llama-python", default=sys.executable, help="without --llama-bench: a Python with "
+                    "llama-cpp-python installed")
     ap.add_argument("--gguf", default=None, help="a llama GGUF file (e.g. SmolLM2-135M-Instruct.Q4_1.gguf): "
                     "dequantized to one BF16 GGUF that both sides load, instead of the random 0.5B-shape model")
     ap.add_argument("--qtype", nargs="+", default=["BF16", "Q8_0", "Q4_0"],
                     choices=["BF16", "Q8_0", "Q4_0", "Q4_1", "FILE"],
                     help="weight formats to compare (quantized: kept quantized by both sides; FILE: the --gguf file "
                     "as it is)")
+    ap.add_argument("--activations", nargs="+", default=["int8"], choices=["int8", "float32"],
+                    help="ours, for quantized weights: int8 (integer dot products) and/or float32")
+    ap.add_argument("--shape", default="0.5b", choices=["0.5b", "7b"], help="7b: a random Llama-2-7B-shape Q4_0 file")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        if a.gguf:
+        if a.shape == "7b":
+            a.qtype = ["Q4_0"]
+            random_q4_0(Path(tmp))
+            what = "Llama-2-7B shape, random valid Q4_0 blocks"
+        elif a.gguf:
             shape = from_gguf(Path(a.gguf), Path(tmp), a.qtype)
             what = f"{Path(a.gguf).name} dequantized to BF16 (hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers)"
         else:
@@ -205,25 +290,31 @@ def main() -> None:
                 raise SystemExit("--qtype FILE needs --gguf FILE")
             build(Path(tmp), a.qtype)
             what = "Llama, Qwen2.5-0.5B shape, random weights, BF16"
-        runs = {(q, s): [] for q in a.qtype for s in ("ours", "llamacpp")}
+        ours = [(q, act) for q in a.qtype for act in (a.activations if q != "BF16" else ["float32"])]
+        runs = {key: [] for key in ours + [(q, "llamacpp") for q in a.qtype]}
         for _ in range(a.repeat):  # alternate, so slow drifts of the machine hit both sides
             for q in a.qtype:
-                runs[(q, "ours")].append(_child("ours", tmp, a.tokens, a.threads, sys.executable, q))
-                runs[(q, "llamacpp")].append(_child("llamacpp", tmp, a.tokens, a.threads, a.llama_python, q))
+                for act in (a.activations if q != "BF16" else ["float32"]):
+                    runs[(q, act)].append(_child("ours", tmp, a.tokens, a.threads, sys.executable, q, act))
+                if a.llama_bench:
+                    runs[(q, "llamacpp")].append(run_llamabench(a.llama_bench, Path(tmp), a.tokens, a.threads, q))
+                else:
+                    runs[(q, "llamacpp")].append(_child("llamacpp", tmp, a.tokens, a.threads, a.llama_python, q))
     med = {key: {k: statistics.median(r[k] for r in rs) for k in ("pp", "tg")} for key, rs in runs.items()}
-    print(f"{what}; {a.threads} threads; 64-token prompt, {a.tokens} greedy tokens; median of {a.repeat}")
+    peer = "llama-bench" if a.llama_bench else "llama-cpp-python"
+    print(f"{what}; {a.threads} threads; 64-token prompt, {a.tokens} greedy tokens; median of {a.repeat}; peer: {peer}")
     rows = []
-    for q in a.qtype:
-        o, ll = med[(q, "ours")], med[(q, "llamacpp")]
-        ot, lt = runs[(q, "ours")][0]["tokens"], runs[(q, "llamacpp")][0]["tokens"]
-        agree = next((i for i, (x, y) in enumerate(zip(ot, lt)) if x != y), min(len(ot), len(lt)))
-        rows.append((q, f"{o['pp']:.1f}", f"{ll['pp']:.1f}", f"{o['pp'] / ll['pp']:.2f}x", f"{o['tg']:.2f}",
-                     f"{ll['tg']:.2f}", f"{o['tg'] / ll['tg']:.2f}x", f"{agree} of {a.tokens}"))
-    table(("weights", "ours prompt tok/s", "llama.cpp prompt tok/s", "ratio", "ours greedy tok/s",
-           "llama.cpp greedy tok/s", "ratio", "greedy tokens identical"), rows)
-    for q in a.qtype:
-        if q != "BF16" and "BF16" in a.qtype:
-            print(f"ours {q} / ours BF16 greedy: {med[(q, 'ours')]['tg'] / med[('BF16', 'ours')]['tg']:.2f}x")
+    for q, act in ours:
+        o, ll = med[(q, act)], med[(q, "llamacpp")]
+        ot, lt = runs[(q, act)][0]["tokens"], runs[(q, "llamacpp")][0]["tokens"]
+        agree = "-" if lt is None else (
+            f"{next((i for i, (x, y) in enumerate(zip(ot, lt)) if x != y), min(len(ot), len(lt)))} of {a.tokens}")
+        v5 = statistics.median(r["v5"] for r in runs[(q, act)])
+        v9 = statistics.median(r["v9"] for r in runs[(q, act)])
+        rows.append((q, act, f"{o['pp']:.1f}", f"{ll['pp']:.1f}", f"{o['pp'] / ll['pp']:.2f}x", f"{o['tg']:.2f}",
+                     f"{ll['tg']:.2f}", f"{o['tg'] / ll['tg']:.2f}x", f"{v5:.2f}", f"{v9:.2f}", agree))
+    table(("weights", "ours: activations", "ours prompt tok/s", "llama.cpp prompt tok/s", "ratio", "ours greedy tok/s",
+           "llama.cpp greedy tok/s", "ratio", "ours fwd(5)/fwd(1)", "fwd(9)/fwd(1)", "greedy tokens identical"), rows)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: a GGUF file's Q8_0, Q4_0, Q4_1, Q4_K weights stay quantized, the rest float32")
     g.add_argument("--quantize", default=None, choices=["q8_0", "q4_0", "q4_1"],
                    help="quantize the linear weights at load")
+    g.add_argument("--activations", default="int8", choices=["int8", "float32"],
+                   help="what quantized weights multiply: int8 (rows quantized per block of 32, integer dot "
+                   "products, as llama.cpp) or float32 (bitwise the dequantized model, slower)")
     g.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), 'lookup' for prompt lookup, or "
                    "'pool' (prompt lookup, then the n-grams of earlier requests)")
     g.add_argument("--draft-dtype", default=None, choices=["auto", "float32", "bfloat16"], help="default: --dtype")
@@ -51,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: a GGUF file's Q8_0, Q4_0, Q4_1, Q4_K weights stay quantized, the rest float32")
     v.add_argument("--quantize", default=None, choices=["q8_0", "q4_0", "q4_1"],
                    help="quantize the linear weights at load")
+    v.add_argument("--activations", default="int8", choices=["int8", "float32"],
+                   help="what quantized weights multiply: int8 (rows quantized per block of 32, integer dot "
+                   "products, as llama.cpp) or float32 (bitwise the dequantized model, slower)")
     v.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), 'lookup' (prompt lookup), "
                    "or 'pool' (prompt lookup, then an n-gram pool of every request's prompt and output)")
     v.add_argument("--num-draft-tokens", type=_draft_len, default=4)
@@ -189,10 +195,11 @@ def cmd_serve(a: argparse.Namespace) -> int:
             from .serve import ray as exact_ray
         except ImportError as e:
             raise ExactSpecError(f"--ray needs Ray Serve: pip install 'exactspec[ray]' ({e})") from None
-    model = load(a.model, dtype=a.dtype, max_context=a.max_context, quantize=a.quantize)
+    model = load(a.model, dtype=a.dtype, max_context=a.max_context, quantize=a.quantize, activations=a.activations)
     draft = None
     if a.draft is not None and a.draft not in NAMED_DRAFTERS:
-        draft = load(a.draft, dtype=a.dtype, max_context=model.net.max_context, quantize=a.quantize)
+        draft = load(a.draft, dtype=a.dtype, max_context=model.net.max_context, quantize=a.quantize,
+                     activations=a.activations)
     name = a.name or Path(a.model).name.removesuffix(".gguf")
     if a.ray:
         scaling = exact_ray.Scaling(a.replicas, a.max_replicas, a.cpus_per_replica)
@@ -230,10 +237,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
     from .decode.sampling import SamplingParams
     if a.threads is not None:
         set_num_threads(a.threads)
-    model = load(a.model, dtype=a.dtype, quantize=a.quantize)
+    model = load(a.model, dtype=a.dtype, quantize=a.quantize, activations=a.activations)
     draft = a.draft
     if draft is not None and draft not in NAMED_DRAFTERS:
-        draft = load(draft, dtype=a.draft_dtype or a.dtype, quantize=a.quantize)
+        draft = load(draft, dtype=a.draft_dtype or a.dtype, quantize=a.quantize, activations=a.activations)
 
     def stream(piece: str) -> None:
         sys.stdout.write(piece)

@@ -83,11 +83,13 @@ def record() -> dict:
         p = K.pack_quant(quant.quantize(_ints(rng8, (77, 64), 0.3).numpy(), "q8_0"))
         x = _ints(rng8, (13, 64), 1.7) + _ints(rng8, (13, 64), 1e-3)
         out["linear_q8_0"] = _sha(torch.cat([K.linear(x[:m], p) for m in range(1, 14)]))
+        # the model with int8 activations (the default for quantized weights: integer dot products)
         model = exactspec.load(build(Path(tmp) / "q8", torch.float32, intermediate_size=160), quantize="q8_0")
-        out["logits_q8_0"] = _sha(model.logits(prompt))
+        assert model.net.activations == "int8"
+        out["logits_q8_0i"] = _sha(model.logits(prompt))
         g = model.generate(prompt, 40, ignore_eos=True)
-        out["greedy_q8_0"] = g.token_ids
-        out["lookup_equals_greedy_q8_0"] = g.token_ids == model.generate(
+        out["greedy_q8_0i"] = g.token_ids
+        out["lookup_equals_greedy_q8_0i"] = g.token_ids == model.generate(
             prompt, 40, ignore_eos=True, draft="lookup", num_draft_tokens=3).token_ids
         for fmt in ("q4_0", "q4_1"):  # the nibble unpacking, the Q4_1 minimum's rounding
             rng4 = np.random.default_rng(4)
@@ -99,6 +101,18 @@ def record() -> dict:
         p = K.pack_quant(quant.from_blocks(q4_k_blocks(77, 256, seed=4), "q4_k", 77, 256))
         x = _ints(rng4, (13, 256), 1.7) + _ints(rng4, (13, 256), 1e-3)
         out["linear_q4_k"] = _sha(torch.cat([K.linear(x[:m], p) for m in range(1, 14)]))
+        # the integer-dot kernels (int8 activations): each format, every tile height; ties in the
+        # activations (x / d exactly k + 1/2) and a zero block on purpose
+        rngi = np.random.default_rng(11)
+        x = _ints(rngi, (13, 256), 1.7) + _ints(rngi, (13, 256), 1e-3)
+        x[:, 32:64] = 0.0
+        x[0, :32] = torch.arange(32, dtype=torch.float32) - 15.5
+        x[0, 0] = 127.0  # d = 1: the halves are ties
+        for fmt in ("q8_0", "q4_0", "q4_1", "q4_k"):
+            wq = (quant.from_blocks(q4_k_blocks(77, 256, seed=11), "q4_k", 77, 256) if fmt == "q4_k" else
+                  quant.quantize((_ints(rngi, (77, 256), 0.3) + 0.7).numpy(), fmt))
+            p = K.pack_quant(wq, int_dot=True)
+            out[f"linear_{fmt}i"] = _sha(torch.cat([K.linear(x[:m], p) for m in range(1, 14)]))
         # (kernel records only: a whole model in each format would cost every target another forward
         # compile, minutes; test_quantized checks Q4 models against their dequantized twins on this CPU)
     return out

@@ -1,6 +1,6 @@
-"""Block-quantized weights kept quantized (Q8_0, Q4_0, Q4_1; dequantized in registers inside the
-linear kernel): each weight's value is the gguf package's dequantization; the kernel is bitwise the
-float kernel on the dequantized weights, for every row count, tile height and thread count; a
+"""Block-quantized weights kept quantized (Q8_0, Q4_0, Q4_1, Q4_K; with activations="float32"
+dequantized in registers inside the linear kernel): each weight's value is the gguf package's
+dequantization; the kernel is bitwise the float kernel on the dequantized weights, for every row count, tile height and thread count; a
 quantized GGUF file kept quantized computes bitwise what the same file dequantized to float32
 computes; an HF folder quantized at load equals the GGUF of the same weights."""
 import gguf
@@ -104,7 +104,7 @@ ALL_Q8 = dict.fromkeys(MIXED, "q8_0")
 def test_quantized_gguf_kept_quantized_equals_it_dequantized(arch, fmts, tmp_path):
     hf = random_model(arch, hidden=256 if fmts is MIXED else 64)  # Q4_K: rows of whole super-blocks
     path = write_gguf(hf, tmp_path / "m.gguf", arch=arch, types={n: TYPE[f] for n, f in fmts.items()})
-    kept, deq = exactspec.load(path), exactspec.load(path, dtype="float32")
+    kept, deq = exactspec.load(path, activations="float32"), exactspec.load(path, dtype="float32")
     L = kept.net.layers[0]
     kinds = {"attn_q.weight": L.wqkv, "attn_output.weight": L.wo, "ffn_gate.weight": L.w_gate,
              "ffn_up.weight": L.w_up, "ffn_down.weight": L.w_down,
@@ -135,11 +135,36 @@ def test_quantized_gguf_kept_quantized_equals_it_dequantized(arch, fmts, tmp_pat
         K.set_num_threads(2)
 
 
+@pytest.mark.parametrize("arch,fmts", [("llama", ALL_Q8), ("qwen2", MIXED)], ids=["llama-q8_0", "qwen2-mixed"])
+def test_int8_activations_are_invariant_and_close_to_the_float_path(arch, fmts, tmp_path):
+    """The default for quantized weights: integer dot products. Not the float path's bits (the activations
+    are rounded to int8), but a function of each row alone: rows == solo rows, greedy == lookup ==
+    batched == 1 thread, and within the int8 rounding of the float path."""
+    hf = random_model(arch, hidden=256 if fmts is MIXED else 64)
+    path = write_gguf(hf, tmp_path / "m.gguf", arch=arch, types={n: TYPE[f] for n, f in fmts.items()})
+    m, flt = exactspec.load(path), exactspec.load(path, activations="float32")
+    assert m.net.activations == "int8" and flt.net.activations == "float32"
+    assert m.net.layers[0].w_down.fmt == fmts["ffn_down.weight"] + "i" and m.net.lm_head.int_dot
+    ids = _ids()
+    whole = m.logits(ids)
+    assert torch.equal(torch.cat([m.logits(ids[: i + 1])[-1:] for i in range(len(ids))]), whole)
+    ref = flt.logits(ids)
+    assert (whole - ref).norm() / ref.norm() < 0.05
+    g = m.generate(ids, 40, ignore_eos=True)
+    assert m.generate(ids, 40, ignore_eos=True, draft="lookup", num_draft_tokens=3).token_ids == g.token_ids
+    assert m.generate_batch([ids[:7], ids, ids[3:20]], 40, ignore_eos=True)[1].token_ids == g.token_ids
+    K.set_num_threads(1)
+    try:
+        assert m.generate(ids, 40, ignore_eos=True).token_ids == g.token_ids
+    finally:
+        K.set_num_threads(2)
+
+
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])  # (Q4_0 quantizes by the same path; gguf has no Q4_K quantizer)
 def test_hf_folder_quantized_at_load_equals_the_gguf(ckpt, fmt, tmp_path):
     path = write_gguf(random_model("llama"), tmp_path / "m.gguf", TYPE[fmt])  # the folder's weights, by gguf
     a, b = exactspec.load(ckpt("llama"), quantize=fmt), exactspec.load(path)
-    assert a.net.layers[1].w_down.fmt == fmt and b.net.layers[1].w_down.fmt == fmt
+    assert a.net.layers[1].w_down.fmt == fmt + "i" and b.net.layers[1].w_down.fmt == fmt + "i"  # int8 activations
     ids = _ids()
     assert torch.equal(a.logits(ids), b.logits(ids))
 
@@ -148,7 +173,7 @@ def test_a_file_of_mixed_formats_keeps_each_kind_in_its_own(tmp_path):
     """As SmolLM2's Q4_1 file: Q4_1 layers, a Q8_0 embedding."""
     hf = random_model("llama", hidden=64)
     path = write_gguf(hf, tmp_path / "m.gguf", TYPE["q4_1"], embed_type=TYPE["q8_0"])
-    kept, deq = exactspec.load(path), exactspec.load(path, dtype="float32")
+    kept, deq = exactspec.load(path, activations="float32"), exactspec.load(path, dtype="float32")
     assert kept.net.layers[0].w_down.fmt == "q4_1"
     assert kept.net._embed_np.shape[2] == layout.GROUP_BYTES  # Q8_0 groups
     assert kept.net.lm_head.fmt == ("q8_0" if kept.cfg.tie_word_embeddings else "q4_1")

@@ -4,6 +4,8 @@ import dataclasses
 
 import pytest
 
+import exactspec
+
 from exactspec.cli import build_parser
 from exactspec.decode.sampling import SamplingParams
 from exactspec.serve.options import ServeOptions
@@ -54,3 +56,21 @@ def test_serve_without_model_serves_the_demo_model(ckpt, monkeypatch):
     monkeypatch.setattr(app, "serve", lambda model, name, *a, **kw: served.update(folder=model.folder, name=name))
     assert cli.main(["serve", "--prefix-cache-mb", "0"]) == 0
     assert served == {"folder": folder, "name": folder.name}
+
+
+def test_activations_flag_reaches_the_model(ckpt, monkeypatch):
+    """`--activations` (serve and generate): int8 by default for quantized weights, float32 on request."""
+    from exactspec import cli
+    from exactspec.serve import app
+    served = []
+    monkeypatch.setattr(app, "serve", lambda model, *a, **kw: served.append(model.net))
+    d = str(ckpt("qwen2"))
+    assert cli.main(["serve", "--model", d, "--quantize", "q8_0", "--prefix-cache-mb", "0"]) == 0
+    assert cli.main(["serve", "--model", d, "--quantize", "q8_0", "--activations", "float32", "--prefix-cache-mb", "0"]) == 0
+    assert cli.main(["serve", "--model", d, "--prefix-cache-mb", "0"]) == 0
+    assert [n.activations for n in served] == ["int8", "float32", "float32"]  # float weights: nothing to quantize
+    assert served[0].layers[0].wqkv.fmt == "q8_0i" and served[1].layers[0].wqkv.fmt == "q8_0"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--model", d, "--prompt", "x", "--activations", "int4"])
+    with pytest.raises(exactspec.UnsupportedModelError, match="activations='int4' is not supported"):
+        exactspec.load(d, activations="int4")
