@@ -33,6 +33,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .cpu import MR_INT
 from .layout import LAYOUTS, NL
 from .quant import QK  # k's per quantization group
 
@@ -222,7 +223,10 @@ def _make(mr: int):
             raise TypeError(f"tile: {fmt} weights take {'(q, d, s) int8 activations' if int_dot else 'float rows'}")
 
         def codegen(context, builder, signature, args):
-            if int_dot:
+            if int_dot and mr > MR_INT:  # never called (_linear_block's tiles are at most MR_INT rows): no code
+                cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.trap")
+                builder.call(builder.module.get_global("llvm.trap"), [])
+            elif int_dot:
                 from .itile import ITile
                 ITile(context, builder, signature, args, mr, fmt).build()
             else:
