@@ -86,24 +86,34 @@ def _is_int_dot(w) -> bool:
     return isinstance(w.dtype, types.Record) and LAYOUTS[next(iter(w.dtype.fields))].int_dot
 
 
-def acts(x, w):
+def acts(x, w, buf):
     """What the tile of weight w takes for the float rows x: x itself, or for an integer-dot layout
-    the tuple (q, d, s) of `quantize_rows` (compiled code only)."""
+    the tuple (q, d, s) of `quantize_rows`, written into the leading columns of buf = `act_buffers`
+    (compiled code only)."""
+
+
+def act_buffers(M, K):
+    """Room for `acts` of M rows of up to K values (compiled code only)."""
+
+
+@overload(act_buffers)
+def _act_buffers_impl(M, K):
+    def make(M, K):
+        return (np.empty((M, K), np.int8), np.empty((M, K // QK), np.float32), np.empty((M, K // QK), np.int32))
+    return make
 
 
 @overload(acts)
-def _acts_impl(x, w):
+def _acts_impl(x, w, buf):
     if _is_int_dot(w):
-        def quantized(x, w):
+        def quantized(x, w, buf):
             M, K = x.shape
-            q = np.empty((M, K), np.int8)
-            d = np.empty((M, K // QK), np.float32)
-            s = np.empty((M, K // QK), np.int32)
+            q, d, s = buf[0][:M, :K], buf[1][:M, :K // QK], buf[2][:M, :K // QK]
             for m in range(M):
                 _quantize_row(x[m], q[m], d[m], s[m])
             return (q, d, s)
         return quantized
-    return lambda x, w: x
+    return lambda x, w, buf: x
 
 
 def nrows(x):

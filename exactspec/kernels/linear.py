@@ -11,7 +11,7 @@ from numba import njit, prange
 from numba.extending import overload
 
 from . import tile
-from .actquant import _is_int_dot, acts, linear_int_ref, nrows
+from .actquant import _is_int_dot, act_buffers, acts, linear_int_ref, nrows
 from .cpu import MR_INT, MR_MAX
 from .layout import NL
 from .pack import PackedWeight
@@ -80,7 +80,7 @@ def _linear_block(x, w, bias, y, b, mode):
 
 @njit(parallel=True, cache=True, nogil=True)
 def _linear(x, w, bias, y):
-    xa = acts(x, w)
+    xa = acts(x, w, act_buffers(x.shape[0], x.shape[1]))
     for b in prange(w.shape[0]):
         _linear_block(xa, w, bias, y, b, STORE)
     return y

@@ -25,7 +25,7 @@ from numba.extending import overload
 
 from ..kernels.attention import _attend_task
 from ..kernels.layout import LAYOUTS, NL, QK
-from ..kernels.actquant import acts
+from ..kernels.actquant import act_buffers, acts
 from ..kernels.linear import ADD, STORE, SWIGLU, _linear_block
 from ..kernels.pack import PackedWeight
 from ..kernels.rows import _qkv_rope_cache, _rmsnorm
@@ -166,22 +166,23 @@ def _forward(rows, top, layers, dims, cache, logits):
     a = np.empty((R, Hq * D), np.float32)
     a3 = a.reshape((R, Hq, D))  # the same memory, per head
     act = np.empty((R, I), np.float32)
+    ab = act_buffers(R, max(H, Hq * D, I))  # int8 rows for integer-dot layouts, reused by every linear
     for i in range(L):  # acts: each linear's input as its tile takes it (int8 rows for integer-dot layouts)
         _rmsnorm(x, attn_norm[i], eps, h)
-        ha = acts(h, wqkv[i])
+        ha = acts(h, wqkv[i], ab)
         for b in prange(wqkv.shape[1]):
             _linear_block(ha, wqkv[i], bqkv[i], qkv, b, STORE)
         _qkv_rope_cache(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos, sin, table, slot, pos, kc[i], vc[i], q)
         for t in prange(R * Hq):
             _attend_task(t, q, kc[i], vc[i], table, slot, pos, scale, window, a3)
-        aa = acts(a, wo[i])
+        aa = acts(a, wo[i], ab)
         for b in prange(wo.shape[1]):
             _linear_block(aa, wo[i], bo[i], x, b, ADD)
         _rmsnorm(x, mlp_norm[i], eps, h)
-        ha = acts(h, wgu[i])
+        ha = acts(h, wgu[i], ab)
         for c in prange(wgu.shape[1] // 2):
             _linear_block(ha, wgu[i], bgu[i], act, c, SWIGLU)
-        acta = acts(act, wdown[i])
+        acta = acts(act, wdown[i], ab)
         for b in prange(wdown.shape[1]):
             _linear_block(acta, wdown[i], bdown[i], x, b, ADD)
     n = out_rows.shape[0]
@@ -190,7 +191,7 @@ def _forward(rows, top, layers, dims, cache, logits):
     for r in range(n):
         xs[r] = x[out_rows[r]]
     _rmsnorm(xs, norm, eps, hf)
-    hfa = acts(hf, head)
+    hfa = acts(hf, head, ab)
     for b in prange(head.shape[0]):
         _linear_block(hfa, head, np.empty(0, np.float32), logits, b, STORE)
     return logits
