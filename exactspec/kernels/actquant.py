@@ -13,8 +13,8 @@ A block's dot product with a weight block is then an integer sum, exact in int32
 instruction or order (kernels/itile.py). Only the per-group float combine rounds, in one fixed
 order per output, groups g ascending from +0.0 (u: the layout's unsigned quants, q8_0 stored + 128):
     q8_0i: acc = fma(f32(sum u*q - 128 s), f32(dw) * dx, acc)
-    q4_0i: acc = fma(f32(sum u*q - 8 s), f32(dw) * dx, acc)
-    q4_1i: acc = fma(f32(sum u*q), f32(dw) * dx, acc); acc = fma(f32(m), dx * f32(s), acc)
+    q4_0i, q5_0i: acc = fma(f32(sum u*q - 8 s (16 s)), f32(dw) * dx, acc)
+    q4_1i, q5_1i: acc = fma(f32(sum u*q), f32(dw) * dx, acc); acc = fma(f32(m), dx * f32(s), acc)
     q4_ki: acc = fma(f32(sum u*q), (f32(d) * f32(sc)) * dx, acc);
            acc = fma(-(f32(dmin) * f32(mn)), dx * f32(s), acc)
 `linear_int_ref` is that, in plain torch (int64 sums, `fma_ref`).
@@ -144,10 +144,9 @@ def linear_int_ref(x: torch.Tensor, w) -> torch.Tensor:
     for g in range(G):
         dx = d[:, g:g + 1]
         sx = s[:, g:g + 1].long()
-        if F.base == "q8_0":
-            acc = fma_ref((isum[:, :, g] - 128 * sx).float(), dw[None, :, g] * dx, acc)
-        elif F.base == "q4_0":
-            acc = fma_ref((isum[:, :, g] - 8 * sx).float(), dw[None, :, g] * dx, acc)
+        if F.base in ("q8_0", "q4_0", "q5_0"):
+            off = {"q8_0": 128, "q4_0": 8, "q5_0": 16}[F.base]
+            acc = fma_ref((isum[:, :, g] - off * sx).float(), dw[None, :, g] * dx, acc)
         else:
             m = torch.from_numpy(Q.m[:N, g].astype(np.float32))[None, :]
             scale = dw[None, :, g]

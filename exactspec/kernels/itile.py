@@ -63,7 +63,7 @@ class ITile(_Tile):
     def group_body(self, g, acc: list) -> list:
         b, F, vf, vi = self.b, LAYOUTS[self.fmt], self.vf, self.vi
         gb = b.gep(self.w, [b.mul(g, self.c64(F.group_bytes))])
-        quad_bytes = 4 * NL * F.qbits // 8
+        quad_bytes = 4 * F.row_bytes  # the quad's quants (5-bit: its nibbles; its high bits at hb_at)
         nacc = 2 if self.mr <= 2 else 1  # independent integer chains per output (exact: any split)
         zero = ir.Constant(vi, None)
         iacc = [[zero] * nacc for _ in range(self.mr * (NL // V))]
@@ -78,6 +78,12 @@ class ITile(_Tile):
             else:
                 packed = b.load(b.bitcast(row, self.vb.as_pointer()), align=1)
                 ws = [b.and_(packed, ir.Constant(self.vb, [15] * (4 * V))), b.lshr(packed, ir.Constant(self.vb, [4] * (4 * V)))]
+                if F.qbits == 5:  # bit i of the quad's v-th uint64: byte i's bit 4
+                    for v in range(NL // V):
+                        hp = b.gep(gb, [self.c64(F.hb_at + u * 2 * 8 + 8 * v)])
+                        bits = b.bitcast(b.load(b.bitcast(hp, self.i64.as_pointer()), align=1),
+                                         ir.VectorType(ir.IntType(1), 4 * V))
+                        ws[v] = b.or_(ws[v], b.shl(b.zext(bits, self.vb), ir.Constant(self.vb, [4] * (4 * V))))
             for r in range(self.mr):
                 xq = b.load(b.bitcast(b.gep(xrow[r], [self.c64(4 * u)]), self.i32.as_pointer()), align=1)
                 xb = self.bcast(xq, vi)
@@ -95,7 +101,7 @@ class ITile(_Tile):
                 return [b.uitofp(self.vec(b.gep(gb, [self.c64(off + V * v)]), self.i8, 1), vf) for v in range(NL // V)]
             dw = [b.fmul(d, s) for d, s in zip(dw, bytes_(F.sc_at))]
             mins = [b.fneg(b.fmul(d, m)) for d, m in zip(mins, bytes_(F.mn_at))]
-        offset = {"q8_0": 128, "q4_0": 8}.get(F.base, 0)
+        offset = {"q8_0": 128, "q4_0": 8, "q5_0": 16}.get(F.base, 0)
         acc = list(acc)
         for r in range(self.mr):
             dx = b.load(b.gep(self.dbase, [b.add(b.mul(self.c64(r), self.sd), g)]))

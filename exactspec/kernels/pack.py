@@ -96,18 +96,22 @@ def pack_quant(w: quant.Quantized, bias: torch.Tensor | None = None, int_dot: bo
         q = q.reshape(nblk, G, QK // 4, 4, NL).transpose(0, 1, 2, 4, 3)
         if F.qbits == 8:
             q = q + np.uint8(128)  # int8 q + 128 as uint8 (wraps: the bits of q + 128 in 0..255)
-        else:
-            q = q[..., : NL // 2, :] | (q[..., NL // 2:, :] << 4)
-    elif F.qbits == 4:  # byte j of a k-row: lane j low nibble, lane j + 16 high nibble
-        q = q[..., : NL // 2] | (q[..., NL // 2:] << 4)
-    data[:, :, :F.d_at] = q.reshape(nblk, G, F.d_at)
+        else:  # bit 4 of (lane, k) in a quad's 2 vectors of 16 lanes x 4 k's, then the nibbles
+            high = np.packbits((q >> 4).reshape(nblk, G, QK // 4, 2, -1) & 1, axis=-1, bitorder="little")
+            q = (q[..., : NL // 2, :] & 15) | ((q[..., NL // 2:, :] & 15) << 4)
+    elif F.nibbles:  # byte j of a k-row: lane j low nibble, lane j + 16 high nibble; bit j: lane j's bit 4
+        high = np.packbits(q >> 4 & 1, axis=-1, bitorder="little")
+        q = (q[..., : NL // 2] & 15) | ((q[..., NL // 2:] & 15) << 4)
+    data[:, :, :F.hb_at] = q.reshape(nblk, G, F.hb_at)
+    if F.qbits == 5:
+        data[:, :, F.hb_at: F.d_at] = high.reshape(nblk, G, F.d_at - F.hb_at)
     data[:, :, F.d_at: F.m_at] = _lanes(w.d, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
     if F.has_min:
         data[:, :, F.m_at: F.sc_at] = _lanes(w.m, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
     if F.sub_scales:
         data[:, :, F.sc_at: F.mn_at] = _lanes(w.sc, nblk)
         data[:, :, F.mn_at:] = _lanes(w.mn, nblk)
-    if F.qbits == 4 or int_dot:
+    if F.nibbles or int_dot:
         data = data.view(record_dtype(F.name))[:, :, 0]
     b = np.empty(0, np.float32) if bias is None else bias.float().contiguous().numpy().copy()
     return PackedWeight(data, n, k, b)
@@ -120,12 +124,17 @@ def _unpack_quant(data: np.ndarray, fmt: str) -> quant.Quantized:
     nblk, G = data.shape[:2]
     raw = raw.reshape(nblk, G, F.group_bytes)
     if F.int_dot:  # back to (nblk, G, QK, NL)
-        q = raw[:, :, :F.d_at].reshape(nblk, G, QK // 4, -1, 4)
+        q = raw[:, :, :F.hb_at].reshape(nblk, G, QK // 4, -1, 4)
         q = (q - np.uint8(128)).view(np.int8) if F.qbits == 8 else np.concatenate([q & 15, q >> 4], axis=3)
+        if F.qbits == 5:
+            bits = np.unpackbits(raw[:, :, F.hb_at: F.d_at].reshape(nblk, G, QK // 4, 2, 8), axis=-1, bitorder="little")
+            q = q | (bits.reshape(q.shape) << 4)
         q = q.transpose(0, 1, 2, 4, 3).reshape(nblk, G, QK, NL)
     else:
-        q = raw[:, :, :F.d_at].reshape(nblk, G, QK, F.row_bytes)
-        q = np.concatenate([q & 15, q >> 4], axis=3) if F.qbits == 4 else q.view(np.int8)
+        q = raw[:, :, :F.hb_at].reshape(nblk, G, QK, F.row_bytes)
+        q = np.concatenate([q & 15, q >> 4], axis=3) if F.nibbles else q.view(np.int8)
+        if F.qbits == 5:
+            q = q | (np.unpackbits(raw[:, :, F.hb_at: F.d_at].reshape(nblk, G, QK, 4), axis=-1, bitorder="little") << 4)
 
     def rows(a):  # (nblk, G, X, NL) -> (nblk*NL, G*X)
         return np.ascontiguousarray(a.transpose(0, 3, 1, 2)).reshape(nblk * NL, -1)

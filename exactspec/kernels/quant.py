@@ -1,5 +1,5 @@
-"""GGUF block-quantized weights kept quantized: Q8_0, Q4_0, Q4_1 (32 weights per block) and Q4_K (256 weights
-per super-block, in 8 groups of 32 with their own 6-bit scale and minimum).
+"""GGUF block-quantized weights kept quantized: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (32 weights per block) and Q4_K
+(256 weights per super-block, in 8 groups of 32 with their own 6-bit scale and minimum).
 
 A `Quantized` holds an (n, k) weight split into per-weight quants and per-block float16 scales (and
 Q4_1's and Q4_K's minimums; Q4_K's 6-bit group scales and minimums too), rows in our order. `dequantize` is the one definition of each weight's value,
@@ -8,6 +8,8 @@ computes it the same way in registers (tile.py, with the layout of layout.py):
     Q8_0: f32(d) * f32(q), q int8            (exact: 11 + 8 significant bits fit in float32)
     Q4_0: f32(d) * f32(q - 8), q in 0..15    (exact)
     Q4_1: f32(d) * f32(q) + f32(m)           (d * q exact, so one rounding, fused or not)
+    Q5_0: f32(d) * f32(q - 16), q in 0..31   (exact)
+    Q5_1: f32(d) * f32(q) + f32(m)           (as Q4_1)
     Q4_K: (f32(d) * f32(sc)) * f32(q) - f32(dmin) * f32(mn)   (sc, mn 6-bit per group; every product
                                              exact (11 + 6 + 4 bits), so one rounding, fused or not)
 """
@@ -20,9 +22,9 @@ import numpy as np
 from ..errors import UnsupportedModelError
 
 QK = 32  # weights per block (and per group of the packed kernel layout)
-FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k")
-# bytes of one GGUF block: float16 d, (float16 m), then the quants (Q4_K: see from_blocks)
-_BLOCK = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_0", "q5_1")
+# bytes of one GGUF block: float16 d, (float16 m), (Q5: 32 high bits), then the quants (Q4_K: see from_blocks)
+_BLOCK = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24}
 QK_K = 256  # weights per Q4_K super-block
 QUANTIZERS = tuple(_BLOCK)  # formats the gguf package can quantize to (load(..., quantize=))
 
@@ -30,7 +32,7 @@ QUANTIZERS = tuple(_BLOCK)  # formats the gguf package can quantize to (load(...
 @dataclass(frozen=True)
 class Quantized:
     fmt: str  # one of FORMATS
-    q: np.ndarray  # (n, k): int8 (q8_0) or uint8 0..15 (4-bit formats)
+    q: np.ndarray  # (n, k): int8 (q8_0) or uint8 0..15 (4-bit formats), 0..31 (5-bit)
     d: np.ndarray  # (n, k/32) float16 (q4_k: its super-block's d, for each of its groups)
     m: np.ndarray | None = None  # (n, k/32) float16: q4_1's minimum; q4_k's super-block dmin
     sc: np.ndarray | None = None  # (n, k/32) uint8 0..63, q4_k only: the group's scale
@@ -51,8 +53,8 @@ class Quantized:
         d = self.d.astype(np.float32)[:, :, None]
         if self.fmt == "q8_0":
             w = q.astype(np.float32) * d
-        elif self.fmt == "q4_0":
-            w = (q.astype(np.int8) - np.int8(8)).astype(np.float32) * d
+        elif self.fmt in ("q4_0", "q5_0"):
+            w = (q.astype(np.int8) - np.int8(8 if self.fmt == "q4_0" else 16)).astype(np.float32) * d
         elif self.fmt == "q4_k":
             s = d * self.sc.astype(np.float32)[:, :, None]
             c = self.m.astype(np.float32)[:, :, None] * self.mn.astype(np.float32)[:, :, None]
@@ -78,10 +80,14 @@ def from_blocks(raw: np.ndarray, fmt: str, n: int, k: int) -> Quantized:
     d = blocks[:, :, :2].copy().view(np.float16).reshape(n, k // QK)
     if fmt == "q8_0":
         return Quantized(fmt, blocks[:, :, 2:].copy().view(np.int8).reshape(n, k), d)
-    m = blocks[:, :, 2:4].copy().view(np.float16).reshape(n, k // QK) if fmt == "q4_1" else None
+    m = blocks[:, :, 2:4].copy().view(np.float16).reshape(n, k // QK) if fmt in ("q4_1", "q5_1") else None
     qs = blocks[:, :, -QK // 2:]  # byte i: weight i in the low nibble, weight i + 16 in the high one
-    q = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(n, k)
-    return Quantized(fmt, q, d, m)
+    q = np.concatenate([qs & 15, qs >> 4], axis=2)
+    if fmt in ("q5_0", "q5_1"):  # bit i of the little-endian uint32 before the quants: weight i's bit 4
+        at = 4 if fmt == "q5_1" else 2
+        qh = blocks[:, :, at:at + 4].copy().view("<u4")  # (n, k/32, 1)
+        q = q | (((qh >> np.arange(QK, dtype=np.uint32)) & 1).astype(np.uint8) << 4)
+    return Quantized(fmt, q.reshape(n, k), d, m)
 
 
 def _from_q4_k(raw: np.ndarray, n: int, k: int) -> Quantized:

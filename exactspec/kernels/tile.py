@@ -9,7 +9,7 @@ data contiguous, the blocks at any stride):
   of a float32);
 * quantized, in groups of QK = 32 k's: per block and group, the quants (k-major, lane-minor), then
   the lanes' float16 scales (and, Q4_1 and Q4_K, minimums; Q4_K, its 6-bit group scales and
-  minimums): Q8_0, Q4_0, Q4_1, Q4_K (layout.py). The weight the chain multiplies is the format's
+  minimums): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K (layout.py). The weight the chain multiplies is the format's
   dequantized value, computed in registers with one fixed expression (layout.Format's docstring);
   each is the gguf package's dequantization to the bit, so a quantized tile computes the same chains as the
   float32 tile on the dequantized weights.
@@ -182,16 +182,23 @@ class _Tile:
             scales = [b.fmul(d, s) for d, s in zip(scales, bytes_(F.sc_at))]
             mins = [b.fneg(b.fmul(d, m)) for d, m in zip(mins, bytes_(F.mn_at))]
 
-        def weights(row) -> list:
-            """The NL dequantized weights of one k-row (bytes at `row`), as NL/V vectors."""
+        def weights(row, kq) -> list:
+            """The NL dequantized weights of k-row kq of the group (its bytes at `row`), as NL/V vectors."""
             if F.qbits == 8:
                 qs = [b.sitofp(self.vec(b.gep(row, [self.c64(V * v)]), self.i8, 1), self.vf) for v in range(NL // V)]
                 return [b.fmul(q, s) for q, s in zip(qs, scales)]
             packed = self.vec(row, self.i8, 1)
             nib = [b.and_(packed, ir.Constant(v8, [15] * V)), b.lshr(packed, ir.Constant(v8, [4] * V))]
-            if F.has_min:  # q4_1: d * q + m, q4_k: (d * sc) * q - dmin * mn; one rounding (the product is exact)
+            if F.qbits == 5:  # bit j of the k-row's 4 high-bit bytes: lane j's bit 4
+                hp = b.gep(gb, [b.add(self.c64(F.hb_at), b.mul(kq, self.c64(NL // 8)))])
+                bits = b.bitcast(b.load(b.bitcast(hp, self.i32.as_pointer()), align=1), ir.VectorType(ir.IntType(1), NL))
+                for v in range(NL // V):
+                    hv = b.shuffle_vector(bits, bits, ir.Constant(ir.VectorType(self.i32, V), list(range(V * v, V * v + V))))
+                    nib[v] = b.or_(nib[v], b.shl(b.zext(hv, v8), ir.Constant(v8, [4] * V)))
+            if F.has_min:  # q4_1/q5_1: d * q + m, q4_k: (d * sc) * q - dmin * mn; one rounding (the product is exact)
                 return [b.call(self.fma, [b.uitofp(q, self.vf), s, m]) for q, s, m in zip(nib, scales, mins)]
-            return [b.fmul(b.sitofp(b.sub(q, ir.Constant(v8, [8] * V)), self.vf), s) for q, s in zip(nib, scales)]
+            off = ir.Constant(v8, [8 if F.qbits == 4 else 16] * V)
+            return [b.fmul(b.sitofp(b.sub(q, off), self.vf), s) for q, s in zip(nib, scales)]
 
         per_line = 64 // F.row_bytes  # k-rows per cache line: one prefetch for each line
 
@@ -200,7 +207,8 @@ class _Tile:
             self.prefetch(row0)
             k0 = b.add(b.mul(g, self.c64(QK)), b.mul(i, self.c64(per_line)))
             for u in range(per_line):  # k ascending, as ever
-                acc = self.step(b.add(k0, self.c64(u)), weights(b.gep(row0, [self.c64(u * F.row_bytes)])), acc)
+                kq = b.add(b.mul(i, self.c64(per_line)), self.c64(u))
+                acc = self.step(b.add(k0, self.c64(u)), weights(b.gep(row0, [self.c64(u * F.row_bytes)]), kq), acc)
             return acc
         return self.loop(QK // per_line, acc, line_body)
 

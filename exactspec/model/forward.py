@@ -59,61 +59,40 @@ def _f16(lo, hi):
 
 @overload(_embed)
 def _embed_impl(table, tokens, x):
-    if isinstance(table.dtype, types.Record):  # an integer-dot layout (kernels/layout.py), the packed records
-        (name,) = table.dtype.fields
+    # A quantized layout (kernels/layout.py): records named by the layout, or plain uint8 for Q8_0's
+    # float layout. Each weight with kernels/quant.py's expression.
+    if isinstance(table.dtype, types.Record) or table.dtype == types.uint8:
+        name = next(iter(table.dtype.fields)) if isinstance(table.dtype, types.Record) else "q8_0"
         F = LAYOUTS[name]
-        four, has_min, k_quant, quad = F.qbits == 4, F.has_min, F.sub_scales, 4 * NL * F.qbits // 8
-        D, M, SC, MN = F.d_at, F.m_at, F.sc_at, F.mn_at
-
-        def int_rows(table, tokens, x):
-            for r in range(tokens.shape[0]):
-                b, j = tokens[r] // NL, tokens[r] % NL
-                for g in range(table.shape[1]):
-                    grp = table[b, g][name]
-                    d = _f16(grp[D + 2 * j], grp[D + 2 * j + 1])
-                    m = _f16(grp[M + 2 * j], grp[M + 2 * j + 1]) if has_min else np.float32(0)
-                    if k_quant:
-                        d = d * np.float32(grp[SC + j])
-                        m = -(m * np.float32(grp[MN + j]))
-                    for kk in range(QK):
-                        if four:
-                            byte = np.int32(grp[(kk // 4) * quad + 4 * (j % (NL // 2)) + kk % 4])
-                            q = byte >> 4 if j >= NL // 2 else byte & 15
-                            v = np.float32(q) * d + m if has_min else np.float32(q - 8) * d
-                        else:
-                            v = np.float32(np.int32(grp[(kk // 4) * quad + 4 * j + kk % 4]) - 128) * d
-                        x[r, g * QK + kk] = v
-        return int_rows
-
-    if table.dtype == types.uint8:  # a quantized format, told by its group size (kernels/layout.py)
-        F8, F4, F41, FK = (LAYOUTS[f] for f in ("q8_0", "q4_0", "q4_1", "q4_k"))
-        GB8, GB41, GBK = F8.group_bytes, F41.group_bytes, FK.group_bytes
-        assert len({GB8, F4.group_bytes, GB41, GBK}) == 4
-        D8, D4, M, SC, MN = F8.d_at, F4.d_at, FK.m_at, FK.sc_at, FK.mn_at  # the 4-bit formats share these
+        int_dot, bits, has_min, k_quant = F.int_dot, F.qbits, F.has_min, F.sub_scales
+        HB, D, M, SC, MN = F.hb_at, F.d_at, F.m_at, F.sc_at, F.mn_at
+        off = {"q4_0": 8, "q5_0": 16}.get(F.base, 0)
+        record = isinstance(table.dtype, types.Record)
 
         def quant_rows(table, tokens, x):
-            four = table.shape[2] != GB8
-            has_min = table.shape[2] == GB41 or table.shape[2] == GBK
-            k_quant = table.shape[2] == GBK
-            d_at = D4 if four else D8
             for r in range(tokens.shape[0]):
                 b, j = tokens[r] // NL, tokens[r] % NL
                 for g in range(table.shape[1]):
-                    grp = table[b, g]
-                    d = _f16(grp[d_at + 2 * j], grp[d_at + 2 * j + 1])
+                    grp = table[b, g][name] if record else table[b, g]
+                    d = _f16(grp[D + 2 * j], grp[D + 2 * j + 1])
                     m = _f16(grp[M + 2 * j], grp[M + 2 * j + 1]) if has_min else np.float32(0)
                     if k_quant:  # d * sc and -(dmin * mn): exact
                         d = d * np.float32(grp[SC + j])
                         m = -(m * np.float32(grp[MN + j]))
-                    for kk in range(QK):  # kernels/quant.py's expressions
-                        if four:
-                            byte = np.int32(grp[kk * (NL // 2) + j % (NL // 2)])
-                            q = byte >> 4 if j >= NL // 2 else byte & 15
-                            v = np.float32(q) * d + m if has_min else np.float32(q - 8) * d
-                        else:
-                            q = np.int32(grp[kk * NL + j])
-                            v = np.float32(q - 256 if q > 127 else q) * d
-                        x[r, g * QK + kk] = v
+                    for kk in range(QK):
+                        if bits == 8:
+                            q = np.int32(grp[(kk // 4) * 128 + 4 * j + kk % 4]) - 128 if int_dot else np.int32(grp[kk * NL + j])
+                            if not int_dot and q > 127:
+                                q -= 256
+                            x[r, g * QK + kk] = np.float32(q) * d
+                            continue
+                        at = (kk // 4) * 64 + 4 * (j % (NL // 2)) + kk % 4 if int_dot else kk * (NL // 2) + j % (NL // 2)
+                        byte = np.int32(grp[at])
+                        q = byte >> 4 if j >= NL // 2 else byte & 15
+                        if bits == 5:  # bit 4 (layout.py)
+                            i = (kk // 4) * 128 + 64 * (j // (NL // 2)) + 4 * (j % (NL // 2)) + kk % 4 if int_dot else kk * NL + j
+                            q |= ((np.int32(grp[HB + i // 8]) >> (i % 8)) & 1) << 4
+                        x[r, g * QK + kk] = np.float32(q) * d + m if has_min else np.float32(q - off) * d
         return quant_rows
 
     if table.dtype == types.uint16:

@@ -76,12 +76,10 @@ def inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 
 def _quant_table(w: K.PackedWeight) -> np.ndarray:
-    """A quantized packed weight's bytes as the embedding lookup reads them: (nblk, H/32, group bytes)
-    uint8, a view (F.embed_rows reads row t from lane t % NL of block t // NL); an integer-dot layout's
-    records as they are (their type names the layout)."""
-    if w.int_dot:
-        return w.data
-    return w.data.view(np.uint8).reshape(w.data.shape[:2] + (-1,))
+    """A quantized packed weight as the embedding lookup reads it (F.embed_rows reads row t from lane
+    t % NL of block t // NL): its records as they are (their type names the layout), or Q8_0's float
+    layout as (nblk, H/32, group bytes) uint8."""
+    return w.data
 
 
 class Transformer:

@@ -91,7 +91,7 @@ def record() -> dict:
         out["greedy_q8_0i"] = g.token_ids
         out["lookup_equals_greedy_q8_0i"] = g.token_ids == model.generate(
             prompt, 40, ignore_eos=True, draft="lookup", num_draft_tokens=3).token_ids
-        for fmt in ("q4_0", "q4_1"):  # the nibble unpacking, the Q4_1 minimum's rounding
+        for fmt in ("q4_0", "q4_1", "q5_0", "q5_1"):  # the nibble unpacking (and high bits), the minimum's rounding
             rng4 = np.random.default_rng(4)
             p = K.pack_quant(quant.quantize((_ints(rng4, (77, 64), 0.3) + 0.7).numpy(), fmt))
             x = _ints(rng4, (13, 64), 1.7) + _ints(rng4, (13, 64), 1e-3)
@@ -108,7 +108,7 @@ def record() -> dict:
         x[:, 32:64] = 0.0
         x[0, :32] = torch.arange(32, dtype=torch.float32) - 15.5
         x[0, 0] = 127.0  # d = 1: the halves are ties
-        for fmt in ("q8_0", "q4_0", "q4_1", "q4_k"):
+        for fmt in ("q8_0", "q4_0", "q4_1", "q4_k", "q5_0", "q5_1"):
             wq = (quant.from_blocks(q4_k_blocks(77, 256, seed=11), "q4_k", 77, 256) if fmt == "q4_k" else
                   quant.quantize((_ints(rngi, (77, 256), 0.3) + 0.7).numpy(), fmt))
             p = K.pack_quant(wq, int_dot=True)
