@@ -204,7 +204,7 @@ def load(path: str | Path, dtype: str = "auto", max_context: int | None = None, 
     """Load a model: a HF checkpoint folder, a .gguf file, or a Hugging Face Hub id (`org/name`,
     resolved through the local hub cache; HF_HUB_OFFLINE=1 keeps it offline).
 
-    dtype: "auto" keeps a GGUF file's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K weights quantized (see
+    dtype: "auto" keeps a GGUF file's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K weights quantized (see
     activations) and the rest as float32; "float32" or "bfloat16"
     dequantizes every weight to that (math in float32). quantize="q8_0", "q4_0", "q4_1", "q5_0" or "q5_1": every
     linear weight (and the embedding) quantized to it at load (llama.cpp's rounding, the gguf

@@ -89,6 +89,16 @@ def q4_k_blocks(n: int, k: int, seed: int) -> np.ndarray:
     return blocks.reshape(n, k // 256 * 144)
 
 
+def q6_k_blocks(n: int, k: int, seed: int) -> np.ndarray:
+    """Random but valid GGUF Q6_K super-blocks of an (n, k) tensor (k % 256 == 0), uint8 (n, k/256*210):
+    random quants and int8 scales, d in [1e-4, 1e-3]."""
+    rng = np.random.default_rng(seed)
+    nb = n * k // 256
+    blocks = rng.integers(0, 256, (nb, 210), dtype=np.uint8)
+    blocks[:, 208:210] = rng.uniform(1e-4, 1e-3, nb).astype(np.float16).view(np.uint8).reshape(nb, 2)
+    return blocks.reshape(n, k // 256 * 210)
+
+
 def make_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, dtype: torch.dtype = torch.float32,
                     tokenizer: bool = True, near_ties: bool = True, **kw) -> Path:
     folder.mkdir(parents=True, exist_ok=True)

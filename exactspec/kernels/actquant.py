@@ -17,6 +17,7 @@ order per output, groups g ascending from +0.0 (u: the layout's unsigned quants,
     q4_1i, q5_1i: acc = fma(f32(sum u*q), f32(dw) * dx, acc); acc = fma(f32(m), dx * f32(s), acc)
     q4_ki: acc = fma(f32(sum u*q), (f32(d) * f32(sc)) * dx, acc);
            acc = fma(-(f32(dmin) * f32(mn)), dx * f32(s), acc)
+    q6_ki: per 16 k's h = 0, 1: acc = fma(f32(sum (u - 32) * q), (f32(d) * f32(sc_h)) * dx, acc)
 `linear_int_ref` is that, in plain torch (int64 sums, `fma_ref`).
 """
 from __future__ import annotations
@@ -141,6 +142,12 @@ def linear_int_ref(x: torch.Tensor, w) -> torch.Tensor:
     isum = torch.einsum("mgk,ngk->mng", q.long().reshape(-1, G, QK), u)  # exact: int64
     dw = torch.from_numpy(Q.d[:N].astype(np.float32))  # (N, G)
     acc = torch.zeros(x.shape[0], N)
+    if F.base == "q6_k":  # per 16 k's: sum q (w - 32), its own scale
+        h = torch.einsum("mgk,ngk->mng", q.long().reshape(-1, 2 * G, QK // 2), u.reshape(N, 2 * G, QK // 2) - 32)
+        sc = torch.from_numpy(Q.sc[:N].astype(np.float32))  # (N, 2G)
+        for j in range(2 * G):
+            acc = fma_ref(h[:, :, j].float(), (dw[None, :, j // 2] * sc[None, :, j]) * d[:, j // 2: j // 2 + 1], acc)
+        return acc if w.bias.shape[0] == 0 else acc + torch.from_numpy(w.bias)
     for g in range(G):
         dx = d[:, g:g + 1]
         sx = s[:, g:g + 1].long()

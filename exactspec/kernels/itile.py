@@ -44,13 +44,13 @@ class ITile(_Tile):
         e = b.insert_element(ir.Constant(vty, ir.Undefined), v, ir.Constant(self.i32, 0))
         return b.shuffle_vector(e, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(self.i32, V), [0] * V))
 
-    def dot(self, acc, w, x):
-        """acc[l] + sum_{i<4} w[4l + i] * x[4l + i]: w <64 x i8> unsigned, x <16 x i32> (4 int8 each)."""
+    def dot(self, acc, u, s):
+        """acc[l] + sum_{i<4} u[4l + i] * s[4l + i]: u unsigned, s signed bytes (<64 x i8> or <16 x i32>)."""
         b = self.b
         if VNNI:
-            return b.call(self.dp, [acc, b.bitcast(w, self.vi), x])
+            return b.call(self.dp, [acc, b.bitcast(u, self.vi), b.bitcast(s, self.vi)])
         i16, i32 = ir.VectorType(self.i16, 4 * V), ir.VectorType(self.i32, 2 * V)
-        p = b.mul(b.zext(w, i16), b.sext(b.bitcast(x, self.vb), i16))  # |w * x| <= 255 * 127: fits int16
+        p = b.mul(b.zext(b.bitcast(u, self.vb), i16), b.sext(b.bitcast(s, self.vb), i16))  # |u * s| <= 255 * 128
 
         def half(v, n, ty):
             ev = b.sext(b.shuffle_vector(v, v, ir.Constant(ir.VectorType(self.i32, n), list(range(0, 2 * n, 2)))), ty)
@@ -64,9 +64,11 @@ class ITile(_Tile):
         b, F, vf, vi = self.b, LAYOUTS[self.fmt], self.vf, self.vi
         gb = b.gep(self.w, [b.mul(g, self.c64(F.group_bytes))])
         quad_bytes = 4 * F.row_bytes  # the quad's quants (5-bit: its nibbles; its high bits at hb_at)
-        nacc = 2 if self.mr <= 2 else 1  # independent integer chains per output (exact: any split)
+        # independent integer chains per output (exact: any split); q6_k: one per 16 k's (its own scale)
+        nacc = 2 if self.mr <= 2 or F.sc16 else 1
         zero = ir.Constant(vi, None)
         iacc = [[zero] * nacc for _ in range(self.mr * (NL // V))]
+        wsum = [[zero] * 2 for _ in range(NL // V)]  # q6_k: sum of a lane's weights per 16 k's
         xrow = [b.gep(self.qbase, [b.add(b.mul(self.c64(r), self.sq), b.mul(g, self.c64(QK)))]) for r in range(self.mr)]
         for u in range(QK // 4):
             row = b.gep(gb, [self.c64(u * quad_bytes)])
@@ -78,18 +80,32 @@ class ITile(_Tile):
             else:
                 packed = b.load(b.bitcast(row, self.vb.as_pointer()), align=1)
                 ws = [b.and_(packed, ir.Constant(self.vb, [15] * (4 * V))), b.lshr(packed, ir.Constant(self.vb, [4] * (4 * V)))]
-                if F.qbits == 5:  # bit i of the quad's v-th uint64: byte i's bit 4
+                for bit in range(4, F.qbits):  # bit i of the quad's v-th uint64 in plane `bit`: byte i's bit `bit`
                     for v in range(NL // V):
-                        hp = b.gep(gb, [self.c64(F.hb_at + u * 2 * 8 + 8 * v)])
+                        hp = b.gep(gb, [self.c64(F.hb_at + (bit - 4) * QK * NL // 8 + u * 2 * 8 + 8 * v)])
                         bits = b.bitcast(b.load(b.bitcast(hp, self.i64.as_pointer()), align=1),
                                          ir.VectorType(ir.IntType(1), 4 * V))
-                        ws[v] = b.or_(ws[v], b.shl(b.zext(bits, self.vb), ir.Constant(self.vb, [4] * (4 * V))))
+                        ws[v] = b.or_(ws[v], b.shl(b.zext(bits, self.vb), ir.Constant(self.vb, [bit] * (4 * V))))
+            if F.sc16:  # q6_k: signed weights q - 32 against unsigned activations q + 128 (= q ^ 0x80):
+                # sum (q + 128) w - 128 sum w = sum q w, exact
+                ws = [b.sub(w, ir.Constant(self.vb, [32] * (4 * V))) for w in ws]
+                ones = ir.Constant(self.vb, [1] * (4 * V))
+                for v in range(NL // V):
+                    wsum[v][u // 4] = self.dot(wsum[v][u // 4], ones, ws[v])
             for r in range(self.mr):
                 xq = b.load(b.bitcast(b.gep(xrow[r], [self.c64(4 * u)]), self.i32.as_pointer()), align=1)
+                if F.sc16:  # 0x80808080: each byte + 128. (On the scalar: the same xor on the broadcast
+                    # vector sends LLVM 22's instruction selection into an endless loop.)
+                    xq = b.xor(xq, ir.Constant(self.i32, -0x7F7F7F80))
                 xb = self.bcast(xq, vi)
                 for v in range(NL // V):
                     a = iacc[r * (NL // V) + v]
-                    a[u % nacc] = self.dot(a[u % nacc], ws[v], xb)
+                    if F.sc16:
+                        a[u // 4] = self.dot(a[u // 4], xb, ws[v])
+                    else:
+                        a[u % nacc] = self.dot(a[u % nacc], ws[v], xb)
+        if F.sc16:
+            return self.combine16(g, gb, acc, iacc, wsum)
         isum = [a[0] if nacc == 1 else b.add(a[0], a[1]) for a in iacc]
 
         def halves(off):
@@ -118,4 +134,20 @@ class ITile(_Tile):
                 if F.has_min:
                     a = b.call(self.fma, [mins[v], sxf, a])
                 acc[i] = a
+        return acc
+
+    def combine16(self, g, gb, acc: list, iacc: list, wsum: list) -> list:
+        """q6_k's float combine: per half h of the group, acc = fma(f32(sum q w), (f32(d) * f32(sc_h)) * dx, acc)."""
+        b, F, vf, vi = self.b, LAYOUTS[self.fmt], self.vf, self.vi
+        d = [_f16_to_f32(b, self.vec(b.gep(gb, [self.c64(F.d_at + 2 * V * v)]), self.i16, 2)) for v in range(NL // V)]
+        s = [[b.fmul(d[v], b.sitofp(self.vec(b.gep(gb, [self.c64(F.sc_at + h * NL + V * v)]), self.i8, 1), vf))
+              for v in range(NL // V)] for h in range(2)]
+        acc = list(acc)
+        for r in range(self.mr):
+            dxv = self.bcast(b.load(b.gep(self.dbase, [b.add(b.mul(self.c64(r), self.sd), g)])), vf)
+            for v in range(NL // V):
+                i = r * (NL // V) + v
+                for h in range(2):
+                    isum = b.sub(iacc[i][h], b.shl(wsum[v][h], ir.Constant(vi, [7] * V)))
+                    acc[i] = b.call(self.fma, [b.sitofp(isum, vf), b.fmul(s[h][v], dxv), acc[i]])
         return acc

@@ -16,9 +16,11 @@ NL = 32  # output lanes per packed block (2 vectors of 16)
 class Format:
     """A quantized layout: per block and group of QK k's, `qbits`-bit quants (k-major, lane-minor;
     4-bit: byte j of a k-row holds lane j in its low nibble and lane j + 16 in its high one; 5-bit: those
-    nibbles, then per k-row 4 bytes whose bit j (little-endian) is lane j's bit 4), then
+    nibbles, then per k-row 4 bytes whose bit j (little-endian) is lane j's bit 4; 6-bit: those, then as
+    many for bit 5), then
     NL float16 scales d, then (has_min) NL float16 minimums m, then (sub_scales, Q4_K) NL uint8 group
-    scales sc and NL uint8 group minimums mn. Dequantized weight: q8_0: f32(d) * f32(q) (q int8);
+    scales sc and NL uint8 group minimums mn, or (sc16, Q6_K) NL int8 scales of k's 0..15 and NL of
+    k's 16..31. Dequantized weight: q8_0: f32(d) * f32(q) (q int8);
     q4_0: f32(d) * f32(q - 8); q4_1: fma(f32(q), f32(d), f32(m)); q4_k: fma(f32(q), f32(d) * f32(sc),
     -(f32(m) * f32(mn))) -- every product is exact in float32 (at most 11 + 8 significant bits), so
     each is the gguf package's value (kernels/quant.py), and a sum rounds once whether fused or not."""
@@ -27,6 +29,7 @@ class Format:
     has_min: bool
     sub_scales: bool = False
     int_dot: bool = False  # the integer-dot order (below), for int8 activations (kernels/itile.py)
+    sc16: bool = False  # q6_k: a signed 8-bit scale per 16 k's (two per group), no minimum
 
     @property
     def base(self) -> str:
@@ -35,8 +38,9 @@ class Format:
 
     @property
     def nibbles(self) -> bool:
-        """4- and 5-bit quants: a plane of nibbles (5-bit: then a plane of their bit 4)."""
-        return self.qbits in (4, 5)
+        """4-, 5- and 6-bit quants: a plane of nibbles (5-bit: then a plane of their bit 4; 6-bit: a
+        plane of bit 4, then one of bit 5)."""
+        return self.qbits in (4, 5, 6)
 
     @property
     def row_bytes(self) -> int:  # one k-row of a block's quants (5-bit: of its nibbles)
@@ -50,7 +54,7 @@ class Format:
 
     @property
     def d_at(self) -> int:
-        return self.hb_at + (QK * NL // 8 if self.qbits == 5 else 0)
+        return self.hb_at + max(self.qbits - 4, 0) * (QK * NL // 8) if self.nibbles else self.hb_at
 
     @property
     def m_at(self) -> int:
@@ -58,7 +62,7 @@ class Format:
 
     @property
     def sc_at(self) -> int:
-        return self.m_at + 2 * NL
+        return self.m_at + (2 * NL if self.has_min else 0)
 
     @property
     def mn_at(self) -> int:
@@ -66,18 +70,21 @@ class Format:
 
     @property
     def group_bytes(self) -> int:
-        return self.mn_at + NL if self.sub_scales else self.sc_at if self.has_min else self.m_at
+        if self.sc16:
+            return self.sc_at + 2 * NL
+        return self.mn_at + NL if self.sub_scales else self.sc_at
 
 
 _FLOAT = (Format("q8_0", 8, False), Format("q4_0", 4, False), Format("q4_1", 4, True), Format("q4_k", 4, True, True),
-          Format("q5_0", 5, False), Format("q5_1", 5, True))
+          Format("q5_0", 5, False), Format("q5_1", 5, True), Format("q6_k", 6, False, sc16=True))
 # The integer-dot layouts ("q4_0i", ...): the same scales, minimums and group bytes; the quants of a
 # group in 8 quads of 4 k's, each quad lane-major with the lane's 4 k's adjacent (what one 32-bit lane
 # of an integer dot product takes): 8-bit: byte u*128 + 4*j + kk holds lane j, k = 4u + kk, as q + 128
 # (0..255, unsigned); 4-bit: byte u*64 + 4*(j % 16) + kk holds lane j's q (0..15) in its low nibble for
 # j < 16, in its high one for j >= 16; 5-bit: those nibbles, then per quad 2 little-endian uint64s (lanes
-# 0..15, 16..31) whose bit 4*(j % 16) + kk is lane j's bit 4 (the byte order of a 64-byte vector).
-_INT = tuple(Format(f.name + "i", f.qbits, f.has_min, f.sub_scales, True) for f in _FLOAT)
+# 0..15, 16..31) whose bit 4*(j % 16) + kk is lane j's bit 4 (the byte order of a 64-byte vector);
+# 6-bit: those for bit 4, then as many for bit 5.
+_INT = tuple(Format(f.name + "i", f.qbits, f.has_min, f.sub_scales, True, f.sc16) for f in _FLOAT)
 LAYOUTS = {f.name: f for f in _FLOAT + _INT}
 GROUP_BYTES = LAYOUTS["q8_0"].group_bytes  # Q8_0 weights are uint8 (nblk, K/QK, GROUP_BYTES)
 

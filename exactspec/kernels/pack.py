@@ -96,19 +96,22 @@ def pack_quant(w: quant.Quantized, bias: torch.Tensor | None = None, int_dot: bo
         q = q.reshape(nblk, G, QK // 4, 4, NL).transpose(0, 1, 2, 4, 3)
         if F.qbits == 8:
             q = q + np.uint8(128)  # int8 q + 128 as uint8 (wraps: the bits of q + 128 in 0..255)
-        else:  # bit 4 of (lane, k) in a quad's 2 vectors of 16 lanes x 4 k's, then the nibbles
-            high = np.packbits((q >> 4).reshape(nblk, G, QK // 4, 2, -1) & 1, axis=-1, bitorder="little")
+        else:  # bits 4 (and 5) of (lane, k) in a quad's 2 vectors of 16 lanes x 4 k's, then the nibbles
+            high = [np.packbits((q >> b).reshape(nblk, G, QK // 4, 2, -1) & 1, axis=-1, bitorder="little")
+                    for b in range(4, F.qbits)]
             q = (q[..., : NL // 2, :] & 15) | ((q[..., NL // 2:, :] & 15) << 4)
-    elif F.nibbles:  # byte j of a k-row: lane j low nibble, lane j + 16 high nibble; bit j: lane j's bit 4
-        high = np.packbits(q >> 4 & 1, axis=-1, bitorder="little")
+    elif F.nibbles:  # byte j of a k-row: lane j low nibble, lane j + 16 high nibble; bit j: lane j's bit 4 (5)
+        high = [np.packbits(q >> b & 1, axis=-1, bitorder="little") for b in range(4, F.qbits)]
         q = (q[..., : NL // 2] & 15) | ((q[..., NL // 2:] & 15) << 4)
     data[:, :, :F.hb_at] = q.reshape(nblk, G, F.hb_at)
-    if F.qbits == 5:
-        data[:, :, F.hb_at: F.d_at] = high.reshape(nblk, G, F.d_at - F.hb_at)
+    if F.qbits in (5, 6):
+        data[:, :, F.hb_at: F.d_at] = np.concatenate([h.reshape(nblk, G, -1) for h in high], axis=2)
     data[:, :, F.d_at: F.m_at] = _lanes(w.d, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
     if F.has_min:
         data[:, :, F.m_at: F.sc_at] = _lanes(w.m, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
-    if F.sub_scales:
+    if F.sc16:  # (nblk, 2G, NL): the scales of k's 0..15 of a group, then of 16..31
+        data[:, :, F.sc_at:] = _lanes(w.sc.view(np.uint8), nblk).reshape(nblk, G, 2 * NL)
+    elif F.sub_scales:
         data[:, :, F.sc_at: F.mn_at] = _lanes(w.sc, nblk)
         data[:, :, F.mn_at:] = _lanes(w.mn, nblk)
     if F.nibbles or int_dot:
@@ -126,15 +129,18 @@ def _unpack_quant(data: np.ndarray, fmt: str) -> quant.Quantized:
     if F.int_dot:  # back to (nblk, G, QK, NL)
         q = raw[:, :, :F.hb_at].reshape(nblk, G, QK // 4, -1, 4)
         q = (q - np.uint8(128)).view(np.int8) if F.qbits == 8 else np.concatenate([q & 15, q >> 4], axis=3)
-        if F.qbits == 5:
-            bits = np.unpackbits(raw[:, :, F.hb_at: F.d_at].reshape(nblk, G, QK // 4, 2, 8), axis=-1, bitorder="little")
-            q = q | (bits.reshape(q.shape) << 4)
+        for b in range(4, F.qbits if F.nibbles else 4):
+            at = F.hb_at + (b - 4) * (QK * NL // 8)
+            bits = np.unpackbits(raw[:, :, at: at + QK * NL // 8].reshape(nblk, G, QK // 4, 2, 8), axis=-1,
+                                 bitorder="little")
+            q = q | (bits.reshape(q.shape) << b)
         q = q.transpose(0, 1, 2, 4, 3).reshape(nblk, G, QK, NL)
     else:
         q = raw[:, :, :F.hb_at].reshape(nblk, G, QK, F.row_bytes)
         q = np.concatenate([q & 15, q >> 4], axis=3) if F.nibbles else q.view(np.int8)
-        if F.qbits == 5:
-            q = q | (np.unpackbits(raw[:, :, F.hb_at: F.d_at].reshape(nblk, G, QK, 4), axis=-1, bitorder="little") << 4)
+        for b in range(4, F.qbits if F.nibbles else 4):
+            at = F.hb_at + (b - 4) * (QK * NL // 8)
+            q = q | (np.unpackbits(raw[:, :, at: at + QK * NL // 8].reshape(nblk, G, QK, 4), axis=-1, bitorder="little") << b)
 
     def rows(a):  # (nblk, G, X, NL) -> (nblk*NL, G*X)
         return np.ascontiguousarray(a.transpose(0, 3, 1, 2)).reshape(nblk * NL, -1)
@@ -142,4 +148,6 @@ def _unpack_quant(data: np.ndarray, fmt: str) -> quant.Quantized:
     m = rows(raw[:, :, F.m_at: F.sc_at].copy().view(np.float16)[:, :, None, :]) if F.has_min else None
     sc = rows(raw[:, :, None, F.sc_at: F.mn_at]) if F.sub_scales else None
     mn = rows(raw[:, :, None, F.mn_at:]) if F.sub_scales else None
+    if F.sc16:
+        sc = rows(raw[:, :, F.sc_at:].reshape(nblk, G, 2, NL)).view(np.int8)
     return quant.Quantized(F.base, rows(q), d, m, sc, mn)

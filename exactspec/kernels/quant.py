@@ -1,5 +1,6 @@
-"""GGUF block-quantized weights kept quantized: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (32 weights per block) and Q4_K
-(256 weights per super-block, in 8 groups of 32 with their own 6-bit scale and minimum).
+"""GGUF block-quantized weights kept quantized: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (32 weights per block), Q4_K
+(256 weights per super-block, in 8 groups of 32 with their own 6-bit scale and minimum) and Q6_K (256
+weights per super-block, an int8 scale per 16).
 
 A `Quantized` holds an (n, k) weight split into per-weight quants and per-block float16 scales (and
 Q4_1's and Q4_K's minimums; Q4_K's 6-bit group scales and minimums too), rows in our order. `dequantize` is the one definition of each weight's value,
@@ -10,6 +11,8 @@ computes it the same way in registers (tile.py, with the layout of layout.py):
     Q4_1: f32(d) * f32(q) + f32(m)           (d * q exact, so one rounding, fused or not)
     Q5_0: f32(d) * f32(q - 16), q in 0..31   (exact)
     Q5_1: f32(d) * f32(q) + f32(m)           (as Q4_1)
+    Q6_K: (f32(d) * f32(sc)) * f32(q - 32)   (sc int8 per 16 weights, q in 0..63; the gguf package's
+                                             expression: the last product may round, once, the same)
     Q4_K: (f32(d) * f32(sc)) * f32(q) - f32(dmin) * f32(mn)   (sc, mn 6-bit per group; every product
                                              exact (11 + 6 + 4 bits), so one rounding, fused or not)
 """
@@ -22,7 +25,7 @@ import numpy as np
 from ..errors import UnsupportedModelError
 
 QK = 32  # weights per block (and per group of the packed kernel layout)
-FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_0", "q5_1")
+FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_0", "q5_1", "q6_k")
 # bytes of one GGUF block: float16 d, (float16 m), (Q5: 32 high bits), then the quants (Q4_K: see from_blocks)
 _BLOCK = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24}
 QK_K = 256  # weights per Q4_K super-block
@@ -35,7 +38,7 @@ class Quantized:
     q: np.ndarray  # (n, k): int8 (q8_0) or uint8 0..15 (4-bit formats), 0..31 (5-bit)
     d: np.ndarray  # (n, k/32) float16 (q4_k: its super-block's d, for each of its groups)
     m: np.ndarray | None = None  # (n, k/32) float16: q4_1's minimum; q4_k's super-block dmin
-    sc: np.ndarray | None = None  # (n, k/32) uint8 0..63, q4_k only: the group's scale
+    sc: np.ndarray | None = None  # (n, k/32) uint8 0..63, q4_k: the group's scale; (n, k/16) int8, q6_k
     mn: np.ndarray | None = None  # (n, k/32) uint8 0..63, q4_k only: the group's minimum
 
     @property
@@ -55,6 +58,9 @@ class Quantized:
             w = q.astype(np.float32) * d
         elif self.fmt in ("q4_0", "q5_0"):
             w = (q.astype(np.int8) - np.int8(8 if self.fmt == "q4_0" else 16)).astype(np.float32) * d
+        elif self.fmt == "q6_k":
+            s = (d.reshape(n, k // QK, 1, 1) * self.sc.astype(np.float32).reshape(n, k // QK, 2, 1))
+            w = s * (q.astype(np.int8) - np.int8(32)).astype(np.float32).reshape(n, k // QK, 2, QK // 2)
         elif self.fmt == "q4_k":
             s = d * self.sc.astype(np.float32)[:, :, None]
             c = self.m.astype(np.float32)[:, :, None] * self.mn.astype(np.float32)[:, :, None]
@@ -76,6 +82,8 @@ def from_blocks(raw: np.ndarray, fmt: str, n: int, k: int) -> Quantized:
     """GGUF blocks (uint8, as stored) of an (n, k) tensor -> Quantized."""
     if fmt == "q4_k":
         return _from_q4_k(raw, n, k)
+    if fmt == "q6_k":
+        return _from_q6_k(raw, n, k)
     blocks = np.asarray(raw).view(np.uint8).reshape(n, k // QK, _BLOCK[fmt])
     d = blocks[:, :, :2].copy().view(np.float16).reshape(n, k // QK)
     if fmt == "q8_0":
@@ -106,6 +114,20 @@ def _from_q4_k(raw: np.ndarray, n: int, k: int) -> Quantized:
     qs = blocks[:, 16:].reshape(n * nb, 4, 1, 32)
     q = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(n, k)
     return Quantized("q4_k", q, d, dmin, sc.reshape(n, k // QK).astype(np.uint8), mn.reshape(n, k // QK).astype(np.uint8))
+
+
+def _from_q6_k(raw: np.ndarray, n: int, k: int) -> Quantized:
+    """Q6_K super-blocks of 210 bytes: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales
+    (one per 16 weights), float16 d; the quants unpacked in the gguf package's own order
+    (`Q6_K.dequantize_blocks`)."""
+    nb = n * k // QK_K
+    b = np.asarray(raw).view(np.uint8).reshape(nb, 210)
+    ql = (b[:, :128].reshape(nb, -1, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 15
+    qh = (b[:, 128:192].reshape(nb, -1, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3
+    q = (ql.reshape(nb, -1, 32) | (qh.reshape(nb, -1, 32) << 4)).reshape(n, k)
+    sc = b[:, 192:208].copy().view(np.int8).reshape(n, k // 16)
+    d = np.repeat(b[:, 208:210].copy().view(np.float16).reshape(n, k // QK_K), QK_K // QK, axis=1)
+    return Quantized("q6_k", q, d, None, sc)
 
 
 def quantize(w: np.ndarray, fmt: str, name: str = "weight") -> Quantized:

@@ -9,7 +9,7 @@ data contiguous, the blocks at any stride):
   of a float32);
 * quantized, in groups of QK = 32 k's: per block and group, the quants (k-major, lane-minor), then
   the lanes' float16 scales (and, Q4_1 and Q4_K, minimums; Q4_K, its 6-bit group scales and
-  minimums): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K (layout.py). The weight the chain multiplies is the format's
+  minimums; Q6_K, an int8 scale per 16 k's): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K (layout.py). The weight the chain multiplies is the format's
   dequantized value, computed in registers with one fixed expression (layout.Format's docstring);
   each is the gguf package's dequantization to the bit, so a quantized tile computes the same chains as the
   float32 tile on the dequantized weights.
@@ -181,6 +181,10 @@ class _Tile:
                 return [b.uitofp(self.vec(b.gep(gb, [self.c64(off + V * v)]), self.i8, 1), self.vf) for v in range(NL // V)]
             scales = [b.fmul(d, s) for d, s in zip(scales, bytes_(F.sc_at))]
             mins = [b.fneg(b.fmul(d, m)) for d, m in zip(mins, bytes_(F.mn_at))]
+        if F.sc16:  # q6_k: d * sc for k's 0..15 and for 16..31 (int8 scales), exact
+            def signed(off):
+                return [b.sitofp(self.vec(b.gep(gb, [self.c64(off + V * v)]), self.i8, 1), self.vf) for v in range(NL // V)]
+            halves16 = [[b.fmul(d, s) for d, s in zip(scales, signed(F.sc_at + h * NL))] for h in range(2)]
 
         def weights(row, kq) -> list:
             """The NL dequantized weights of k-row kq of the group (its bytes at `row`), as NL/V vectors."""
@@ -189,12 +193,16 @@ class _Tile:
                 return [b.fmul(q, s) for q, s in zip(qs, scales)]
             packed = self.vec(row, self.i8, 1)
             nib = [b.and_(packed, ir.Constant(v8, [15] * V)), b.lshr(packed, ir.Constant(v8, [4] * V))]
-            if F.qbits == 5:  # bit j of the k-row's 4 high-bit bytes: lane j's bit 4
-                hp = b.gep(gb, [b.add(self.c64(F.hb_at), b.mul(kq, self.c64(NL // 8)))])
+            for bit in range(4, F.qbits):  # bit j of the k-row's 4 bytes in plane `bit`: lane j's bit `bit`
+                hp = b.gep(gb, [b.add(self.c64(F.hb_at + (bit - 4) * QK * NL // 8), b.mul(kq, self.c64(NL // 8)))])
                 bits = b.bitcast(b.load(b.bitcast(hp, self.i32.as_pointer()), align=1), ir.VectorType(ir.IntType(1), NL))
                 for v in range(NL // V):
                     hv = b.shuffle_vector(bits, bits, ir.Constant(ir.VectorType(self.i32, V), list(range(V * v, V * v + V))))
-                    nib[v] = b.or_(nib[v], b.shl(b.zext(hv, v8), ir.Constant(v8, [4] * V)))
+                    nib[v] = b.or_(nib[v], b.shl(b.zext(hv, v8), ir.Constant(v8, [bit] * V)))
+            if F.sc16:  # q6_k: (d * sc) * (q - 32), sc by the half of the group kq is in
+                first = b.icmp_signed("<", kq, self.c64(QK // 2))
+                return [b.fmul(b.select(first, s0, s1), b.sitofp(b.sub(q, ir.Constant(v8, [32] * V)), self.vf))
+                        for q, s0, s1 in zip(nib, *halves16)]
             if F.has_min:  # q4_1/q5_1: d * q + m, q4_k: (d * sc) * q - dmin * mn; one rounding (the product is exact)
                 return [b.call(self.fma, [b.uitofp(q, self.vf), s, m]) for q, s, m in zip(nib, scales, mins)]
             off = ir.Constant(v8, [8 if F.qbits == 4 else 16] * V)

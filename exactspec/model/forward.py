@@ -64,8 +64,8 @@ def _embed_impl(table, tokens, x):
     if isinstance(table.dtype, types.Record) or table.dtype == types.uint8:
         name = next(iter(table.dtype.fields)) if isinstance(table.dtype, types.Record) else "q8_0"
         F = LAYOUTS[name]
-        int_dot, bits, has_min, k_quant = F.int_dot, F.qbits, F.has_min, F.sub_scales
-        HB, D, M, SC, MN = F.hb_at, F.d_at, F.m_at, F.sc_at, F.mn_at
+        int_dot, bits, has_min, k_quant, sc16 = F.int_dot, F.qbits, F.has_min, F.sub_scales, F.sc16
+        HB, D, M, SC, MN, PLANE = F.hb_at, F.d_at, F.m_at, F.sc_at, F.mn_at, QK * NL // 8
         off = {"q4_0": 8, "q5_0": 16}.get(F.base, 0)
         record = isinstance(table.dtype, types.Record)
 
@@ -89,10 +89,15 @@ def _embed_impl(table, tokens, x):
                         at = (kk // 4) * 64 + 4 * (j % (NL // 2)) + kk % 4 if int_dot else kk * (NL // 2) + j % (NL // 2)
                         byte = np.int32(grp[at])
                         q = byte >> 4 if j >= NL // 2 else byte & 15
-                        if bits == 5:  # bit 4 (layout.py)
-                            i = (kk // 4) * 128 + 64 * (j // (NL // 2)) + 4 * (j % (NL // 2)) + kk % 4 if int_dot else kk * NL + j
-                            q |= ((np.int32(grp[HB + i // 8]) >> (i % 8)) & 1) << 4
-                        x[r, g * QK + kk] = np.float32(q) * d + m if has_min else np.float32(q - off) * d
+                        i = (kk // 4) * 128 + 64 * (j // (NL // 2)) + 4 * (j % (NL // 2)) + kk % 4 if int_dot else kk * NL + j
+                        for bit in range(4, bits):  # bits 4 (and 5): their planes (layout.py)
+                            at = HB + (bit - 4) * PLANE + i // 8
+                            q |= ((np.int32(grp[at]) >> (i % 8)) & 1) << bit
+                        if sc16:  # (d * sc) * (q - 32), sc int8 of the group's half
+                            sc = np.int32(grp[SC + (kk // (QK // 2)) * NL + j])
+                            x[r, g * QK + kk] = (d * np.float32(sc - 256 if sc > 127 else sc)) * np.float32(q - 32)
+                        else:
+                            x[r, g * QK + kk] = np.float32(q) * d + m if has_min else np.float32(q - off) * d
         return quant_rows
 
     if table.dtype == types.uint16:

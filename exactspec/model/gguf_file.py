@@ -3,7 +3,7 @@ metadata, tensors served by their Hugging Face names (the `TensorStore` interfac
 `gguf.quants.dequantize` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, ...), with llama.cpp's
 q/k row permutation undone for the llama architecture (its converter interleaves the rotary
 halves; our rope, like transformers', rotates halves). Tensors in the block formats the kernel keeps
-quantized (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K) are also served as they are stored (`get_quant`, see kernels/quant.py).
+quantized (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K) are also served as they are stored (`get_quant`, see kernels/quant.py).
 
 The tokenizer comes from the `tokenizer.ggml.*` metadata (`gguf_tokenizer.py`), the chat
 template from `tokenizer.chat_template`.

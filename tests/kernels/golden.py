@@ -113,6 +113,11 @@ def record() -> dict:
                   quant.quantize((_ints(rngi, (77, 256), 0.3) + 0.7).numpy(), fmt))
             p = K.pack_quant(wq, int_dot=True)
             out[f"linear_{fmt}i"] = _sha(torch.cat([K.linear(x[:m], p) for m in range(1, 14)]))
+        from exactspec.testing import q6_k_blocks
+        wq = quant.from_blocks(q6_k_blocks(77, 256, seed=6), "q6_k", 77, 256)
+        for int_dot in (False, True):  # Q6_K: its int8 scale per 16 k's, both paths
+            p = K.pack_quant(wq, int_dot=int_dot)
+            out["linear_q6_k" + "i" * int_dot] = _sha(torch.cat([K.linear(x[:m], p) for m in range(1, 14)]))
         # (kernel records only: a whole model in each format would cost every target another forward
         # compile, minutes; test_quantized checks Q4 models against their dequantized twins on this CPU)
     return out
