@@ -95,9 +95,9 @@ def test_every_float16_scale_widens_exactly():
 
 # A file whose kinds of weight each have their own format (as llama.cpp's mixed files: Q4_K_M, ...):
 # one compiled forward covers every format (each new combination of weight types costs a compile).
-MIXED = {"attn_q.weight": "q4_0", "attn_k.weight": "q4_0", "attn_v.weight": "q4_0", "attn_output.weight": "q5_1",
-         "ffn_gate.weight": "q4_k", "ffn_up.weight": "q4_k", "ffn_down.weight": "q6_k", "token_embd.weight": "q4_1",
-         "output.weight": "q5_0"}
+MIXED = {"attn_q.weight": "q4_0", "attn_k.weight": "q4_0", "attn_v.weight": "q4_0", "attn_output.weight": "q5_0",
+         "ffn_gate.weight": "q4_k", "ffn_up.weight": "q4_k", "ffn_down.weight": "q6_k", "token_embd.weight": "q5_1",
+         "output.weight": "q5_1"}
 ALL_Q8 = dict.fromkeys(MIXED, "q8_0")
 
 
