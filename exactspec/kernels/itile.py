@@ -1,12 +1,13 @@
 """The integer-dot register tile (LLVM IR), for weights in an integer-dot layout (layout.py) and int8
 activations (actquant.py): `tile.run_tile(mr, (q, d, s), m0, w, b, t)`.
 
-Per group of 32 k's, each output's sum of u * q (unsigned weight quants times int8 activations) is an
-integer sum: exact in int32 (|sum| <= 32 * 255 * 127 < 2^20), so any instruction and order gives the
-same value: AVX512-VNNI `vpdpbusd` (4 products per 32-bit lane, no saturation) where the target has
-it, else widening multiplies and adds. Then the group's float combine (actquant.py's docstring), the
-same fixed sequence of operations for every row count, tile height, thread count and CPU, accumulated
-in t (memory) so that the registers hold only the integer accumulators.
+Per group of 32 k's, each output's sum of u * q (unsigned weight quants times int8 activations; Q6_K:
+signed weights q - 32 times the activations + 128, corrected by 128 * the weights' sum) is an integer
+sum: exact in int32 (|sum| <= 32 * 255 * 128 < 2^20), so any instruction and order gives the same
+value: AVX512-VNNI `vpdpbusd` (4 products per 32-bit lane, no saturation) where the target has it,
+else widening multiplies and adds. Then the group's float combine (actquant.py's docstring), the
+same fixed sequence of operations for every row count, tile height, thread count and CPU. A tile has
+at most cpu.MR_INT rows: each row holds its float and its integer accumulators in registers.
 """
 from __future__ import annotations
 
