@@ -110,8 +110,7 @@ def _acts_impl(x, w, buf):
         def quantized(x, w, buf):
             M, K = x.shape
             q, d, s = buf[0][:M, :K], buf[1][:M, :K // QK], buf[2][:M, :K // QK]
-            for m in range(M):
-                _quantize_row(x[m], q[m], d[m], s[m])
+            _quantize_rows(x, q, d, s)
             return (q, d, s)
         return quantized
     return lambda x, w, buf: x
@@ -129,37 +128,33 @@ def _nrows_impl(x):
 
 
 def linear_int_ref(x: torch.Tensor, w) -> torch.Tensor:
-    """Torch twin of `linear` on an integer-dot PackedWeight `w`: x (M, K) float32 -> (M, N)."""
+    """Torch twin of `linear` on an integer-dot PackedWeight `w`: x (M, K) float32 -> (M, N). The
+    integer sums are taken of the quants less their zero point (the kernel's sum of the stored quants
+    less zero * s is the same integer)."""
     from .linear import fma_ref
+    from .quant import ZERO
     F = LAYOUTS[w.fmt]
     Q = w.quants()
     N, K = w.n, w.k
-    G = K // QK
     q, d, s = quantize_rows_ref(x)
-    u = torch.from_numpy(Q.q[:N].astype(np.int64)).reshape(N, G, QK)
-    if F.qbits == 8:
-        u = u + 128
-    isum = torch.einsum("mgk,ngk->mng", q.long().reshape(-1, G, QK), u)  # exact: int64
-    dw = torch.from_numpy(Q.d[:N].astype(np.float32))  # (N, G)
+    per = QK // 2 if F.sc16 else QK  # k's per integer sum: Q6_K's scales are per 16
+    n = K // per
+    wq = torch.from_numpy(Q.q[:N].astype(np.int64) - ZERO.get(F.base, 0)).reshape(N, n, per)
+    isum = torch.einsum("mgk,ngk->mng", q.long().reshape(-1, n, per), wq)  # exact: int64
+    dw = torch.from_numpy(Q.d[:N].astype(np.float32))  # (N, K/32)
     acc = torch.zeros(x.shape[0], N)
-    if F.base == "q6_k":  # per 16 k's: sum q (w - 32), its own scale
-        h = torch.einsum("mgk,ngk->mng", q.long().reshape(-1, 2 * G, QK // 2), u.reshape(N, 2 * G, QK // 2) - 32)
-        sc = torch.from_numpy(Q.sc[:N].astype(np.float32))  # (N, 2G)
-        for j in range(2 * G):
-            acc = fma_ref(h[:, :, j].float(), (dw[None, :, j // 2] * sc[None, :, j]) * d[:, j // 2: j // 2 + 1], acc)
-        return acc if w.bias.shape[0] == 0 else acc + torch.from_numpy(w.bias)
-    for g in range(G):
+    for j in range(n):
+        g = j * per // QK
         dx = d[:, g:g + 1]
-        sx = s[:, g:g + 1].long()
-        if F.base in ("q8_0", "q4_0", "q5_0"):
-            off = {"q8_0": 128, "q4_0": 8, "q5_0": 16}[F.base]
-            acc = fma_ref((isum[:, :, g] - off * sx).float(), dw[None, :, g] * dx, acc)
-        else:
+        scale = dw[None, :, g]
+        if F.sc16:  # (d * sc_h) of the half
+            scale = scale * torch.from_numpy(Q.sc[:N, j].astype(np.float32))[None, :]
+        elif F.sub_scales:
+            scale = scale * torch.from_numpy(Q.sc[:N, g].astype(np.float32))[None, :]
+        acc = fma_ref(isum[:, :, j].float(), scale * dx, acc)
+        if F.has_min:
             m = torch.from_numpy(Q.m[:N, g].astype(np.float32))[None, :]
-            scale = dw[None, :, g]
-            if F.base == "q4_k":
-                scale = scale * torch.from_numpy(Q.sc[:N, g].astype(np.float32))[None, :]
+            if F.sub_scales:
                 m = -(m * torch.from_numpy(Q.mn[:N, g].astype(np.float32))[None, :])
-            acc = fma_ref(isum[:, :, g].float(), scale * dx, acc)
-            acc = fma_ref(m.expand_as(acc), (dx * sx.float()).expand_as(acc), acc)
+            acc = fma_ref(m.expand_as(acc), (dx * s[:, g:g + 1].float()).expand_as(acc), acc)
     return acc if w.bias.shape[0] == 0 else acc + torch.from_numpy(w.bias)

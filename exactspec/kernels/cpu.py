@@ -6,35 +6,25 @@ import llvmlite.binding as llb
 from numba.core import config
 
 
-def _wide_target() -> bool:
-    """Does numba compile for a CPU with 32 vector registers (AVX-512)? Only speed depends on it."""
+def _target_has(features: tuple[str, ...], names: tuple[str, ...]) -> bool:
+    """Does numba compile for a CPU with all of `features` (LLVM names, e.g. "+avx512f")? Told by
+    NUMBA_CPU_FEATURES, else by a NUMBA_CPU_NAME containing one of `names`, else (no name, or "host")
+    by the host's features. Only speed depends on the answers."""
     feats = config.CPU_FEATURES
-    if config.CPU_NAME:
-        name = config.CPU_NAME
-        if not feats:
-            return any(s in name for s in ("avx512", "icelake", "sapphire", "cascade", "cooper", "tiger",
-                                            "cannonlake", "znver4", "znver5", "graniterapids", "emerald"))
-    elif not feats:
-        feats = llb.get_host_cpu_features().flatten()
-    return "+avx512f" in (feats or "")
+    if config.CPU_NAME and config.CPU_NAME != "host" and not feats:
+        return any(n in config.CPU_NAME for n in names)
+    feats = feats or llb.get_host_cpu_features().flatten()
+    return all(f in feats for f in features)
 
 
-def _vnni_target() -> bool:
-    """Does numba compile for a CPU with AVX512-VNNI (and AVX512BW)? Only speed depends on it: the
-    integer-dot tile's sums are exact either way (itile.py)."""
-    feats = config.CPU_FEATURES
-    if config.CPU_NAME and config.CPU_NAME != "host":
-        if not feats:
-            return any(s in config.CPU_NAME for s in ("cascadelake", "cooperlake", "icelake", "tigerlake", "rocketlake",
-                                                       "sapphirerapids", "graniterapids", "emeraldrapids",
-                                                       "diamondrapids", "znver4", "znver5"))
-    elif not feats:
-        feats = llb.get_host_cpu_features().flatten()
-    return "+avx512vnni" in (feats or "") and "+avx512bw" in (feats or "")
-
-
+# 32 vector registers (AVX-512).
+_WIDE = _target_has(("+avx512f",), ("avx512", "icelake", "sapphire", "cascade", "cooper", "tiger", "cannonlake",
+                                    "znver4", "znver5", "graniterapids", "emerald"))
 # Rows per tile: mr rows x 2 vectors of accumulators, + 2 weight vectors, + broadcasts.
-MR_MAX = 10 if _wide_target() else 3
-VNNI = _vnni_target()
+MR_MAX = 10 if _WIDE else 3
+# AVX512-VNNI: the integer-dot tile's `vpdpbusd` (its sums are exact either way, itile.py).
+VNNI = _target_has(("+avx512vnni", "+avx512bw"), ("cascadelake", "cooperlake", "icelake", "tigerlake", "rocketlake",
+                                                  "sapphirerapids", "graniterapids", "emeraldrapids", "diamondrapids",
+                                                  "znver4", "znver5"))
 # Rows per integer-dot tile: mr rows x 2 vectors of float and of integer accumulators.
-MR_INT = 6 if _wide_target() else 2
+MR_INT = 6 if _WIDE else 2

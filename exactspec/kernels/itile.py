@@ -89,7 +89,7 @@ class ITile(_Tile):
                         ws[v] = b.or_(ws[v], b.shl(b.zext(bits, self.vb), ir.Constant(self.vb, [bit] * (4 * V))))
             if F.sc16:  # q6_k: signed weights q - 32 against unsigned activations q + 128 (= q ^ 0x80):
                 # sum (q + 128) w - 128 sum w = sum q w, exact
-                ws = [b.sub(w, ir.Constant(self.vb, [32] * (4 * V))) for w in ws]
+                ws = [b.sub(w, ir.Constant(self.vb, [F.zero] * (4 * V))) for w in ws]
                 ones = ir.Constant(self.vb, [1] * (4 * V))
                 for v in range(NL // V):
                     wsum[v][u // 4] = self.dot(wsum[v][u // 4], ones, ws[v])
@@ -118,7 +118,7 @@ class ITile(_Tile):
                 return [b.uitofp(self.vec(b.gep(gb, [self.c64(off + V * v)]), self.i8, 1), vf) for v in range(NL // V)]
             dw = [b.fmul(d, s) for d, s in zip(dw, bytes_(F.sc_at))]
             mins = [b.fneg(b.fmul(d, m)) for d, m in zip(mins, bytes_(F.mn_at))]
-        offset = {"q8_0": 128, "q4_0": 8, "q5_0": 16}.get(F.base, 0)
+        offset = F.zero
         acc = list(acc)
         for r in range(self.mr):
             dx = b.load(b.gep(self.dbase, [b.add(b.mul(self.c64(r), self.sd), g)]))

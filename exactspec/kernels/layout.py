@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .quant import QK  # k's per quantization group
+from .quant import QK, ZERO  # k's per quantization group; zero points
 
 NL = 32  # output lanes per packed block (2 vectors of 16)
 
@@ -35,6 +35,12 @@ class Format:
     def base(self) -> str:
         """The weight format (quant.FORMATS) this layout holds."""
         return self.name[:-1] if self.int_dot else self.name
+
+    @property
+    def zero(self) -> int:
+        """The stored quant of weight 0 (value = scale * (stored - zero)): quant.ZERO's, and for Q8_0's
+        integer-dot layout 128 (its int8 quants stored + 128, unsigned); 0 where a format has a minimum."""
+        return 128 if self.name == "q8_0i" else ZERO.get(self.base, 0)
 
     @property
     def nibbles(self) -> bool:

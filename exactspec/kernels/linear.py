@@ -11,7 +11,7 @@ from numba import njit, prange
 from numba.extending import overload
 
 from . import tile
-from .actquant import _is_int_dot, act_buffers, acts, linear_int_ref, nrows
+from .actquant import _is_int_dot, act_buffers, acts, nrows
 from .cpu import MR_INT, MR_MAX
 from .layout import NL
 from .pack import PackedWeight
@@ -122,14 +122,9 @@ def fma_ref(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return s.float()
 
 
-def linear_ref(x: torch.Tensor, w: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Torch twin of `linear`: the same chain per output, acc = fma(x[:, k], w[:, k], acc), k ascending
-    (w a tensor, or a PackedWeight: its weights and bias); for an integer-dot PackedWeight, actquant's
-    integer sums and combine (`linear_int_ref`)."""
-    if isinstance(w, PackedWeight):
-        if w.int_dot:
-            return linear_int_ref(x, w)
-        w, bias = w.unpack(), (torch.from_numpy(w.bias) if w.bias.shape[0] else None)
+def linear_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Torch twin of `linear`: the same chain per output, acc = fma(x[:, k], w[:, k], acc), k ascending.
+    (Integer-dot layouts: actquant.linear_int_ref.)"""
     w = w.float()
     y = torch.zeros(x.shape[0], w.shape[0])
     for k in range(w.shape[1]):

@@ -96,16 +96,14 @@ def pack_quant(w: quant.Quantized, bias: torch.Tensor | None = None, int_dot: bo
         q = q.reshape(nblk, G, QK // 4, 4, NL).transpose(0, 1, 2, 4, 3)
         if F.qbits == 8:
             q = q + np.uint8(128)  # int8 q + 128 as uint8 (wraps: the bits of q + 128 in 0..255)
-        else:  # bits 4 (and 5) of (lane, k) in a quad's 2 vectors of 16 lanes x 4 k's, then the nibbles
-            high = [np.packbits((q >> b).reshape(nblk, G, QK // 4, 2, -1) & 1, axis=-1, bitorder="little")
-                    for b in range(4, F.qbits)]
-            q = (q[..., : NL // 2, :] & 15) | ((q[..., NL // 2:, :] & 15) << 4)
-    elif F.nibbles:  # byte j of a k-row: lane j low nibble, lane j + 16 high nibble; bit j: lane j's bit 4 (5)
-        high = [np.packbits(q >> b & 1, axis=-1, bitorder="little") for b in range(4, F.qbits)]
-        q = (q[..., : NL // 2] & 15) | ((q[..., NL // 2:] & 15) << 4)
+    if F.nibbles:  # bits 4 (and 5): a plane each, one bit per quant in the layout's order; then the nibbles
+        # (a k-row's byte j: lane j low, lane j + 16 high; a quad's 4 bytes of lane j in the same way)
+        planes = [np.packbits((q >> b & 1).reshape(nblk, G, -1), axis=-1, bitorder="little") for b in range(4, F.qbits)]
+        lo, hi = (q[..., : NL // 2, :], q[..., NL // 2:, :]) if int_dot else (q[..., : NL // 2], q[..., NL // 2:])
+        q = (lo & 15) | ((hi & 15) << 4)
+        if planes:
+            data[:, :, F.hb_at: F.d_at] = np.concatenate(planes, axis=2)
     data[:, :, :F.hb_at] = q.reshape(nblk, G, F.hb_at)
-    if F.qbits in (5, 6):
-        data[:, :, F.hb_at: F.d_at] = np.concatenate([h.reshape(nblk, G, -1) for h in high], axis=2)
     data[:, :, F.d_at: F.m_at] = _lanes(w.d, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
     if F.has_min:
         data[:, :, F.m_at: F.sc_at] = _lanes(w.m, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
@@ -126,21 +124,17 @@ def _unpack_quant(data: np.ndarray, fmt: str) -> quant.Quantized:
     raw = np.ascontiguousarray(data).view(np.uint8)
     nblk, G = data.shape[:2]
     raw = raw.reshape(nblk, G, F.group_bytes)
-    if F.int_dot:  # back to (nblk, G, QK, NL)
+    if F.int_dot:  # (nblk, G, quad, lane, k in quad), back to (nblk, G, QK, NL) below
         q = raw[:, :, :F.hb_at].reshape(nblk, G, QK // 4, -1, 4)
         q = (q - np.uint8(128)).view(np.int8) if F.qbits == 8 else np.concatenate([q & 15, q >> 4], axis=3)
-        for b in range(4, F.qbits if F.nibbles else 4):
-            at = F.hb_at + (b - 4) * (QK * NL // 8)
-            bits = np.unpackbits(raw[:, :, at: at + QK * NL // 8].reshape(nblk, G, QK // 4, 2, 8), axis=-1,
-                                 bitorder="little")
-            q = q | (bits.reshape(q.shape) << b)
-        q = q.transpose(0, 1, 2, 4, 3).reshape(nblk, G, QK, NL)
     else:
         q = raw[:, :, :F.hb_at].reshape(nblk, G, QK, F.row_bytes)
         q = np.concatenate([q & 15, q >> 4], axis=3) if F.nibbles else q.view(np.int8)
-        for b in range(4, F.qbits if F.nibbles else 4):
-            at = F.hb_at + (b - 4) * (QK * NL // 8)
-            q = q | (np.unpackbits(raw[:, :, at: at + QK * NL // 8].reshape(nblk, G, QK, 4), axis=-1, bitorder="little") << b)
+    for b in range(4, F.qbits if F.nibbles else 4):  # the planes of bits 4 (and 5), in the layout's order
+        at = F.hb_at + (b - 4) * (QK * NL // 8)
+        q = q | (np.unpackbits(raw[:, :, at: at + QK * NL // 8], axis=-1, bitorder="little").reshape(q.shape) << b)
+    if F.int_dot:
+        q = q.transpose(0, 1, 2, 4, 3).reshape(nblk, G, QK, NL)
 
     def rows(a):  # (nblk, G, X, NL) -> (nblk*NL, G*X)
         return np.ascontiguousarray(a.transpose(0, 3, 1, 2)).reshape(nblk * NL, -1)

@@ -29,6 +29,7 @@ FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_0", "q5_1", "q6_k")
 # bytes of one GGUF block: float16 d, (float16 m), (Q5: 32 high bits), then the quants (Q4_K: see from_blocks)
 _BLOCK = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24}
 QK_K = 256  # weights per Q4_K super-block
+ZERO = {"q4_0": 8, "q5_0": 16, "q6_k": 32}  # the quant of weight 0 in the formats without a minimum
 QUANTIZERS = tuple(_BLOCK)  # formats the gguf package can quantize to (load(..., quantize=))
 
 
@@ -57,10 +58,10 @@ class Quantized:
         if self.fmt == "q8_0":
             w = q.astype(np.float32) * d
         elif self.fmt in ("q4_0", "q5_0"):
-            w = (q.astype(np.int8) - np.int8(8 if self.fmt == "q4_0" else 16)).astype(np.float32) * d
+            w = (q.astype(np.int8) - np.int8(ZERO[self.fmt])).astype(np.float32) * d
         elif self.fmt == "q6_k":
             s = (d.reshape(n, k // QK, 1, 1) * self.sc.astype(np.float32).reshape(n, k // QK, 2, 1))
-            w = s * (q.astype(np.int8) - np.int8(32)).astype(np.float32).reshape(n, k // QK, 2, QK // 2)
+            w = s * (q.astype(np.int8) - np.int8(ZERO["q6_k"])).astype(np.float32).reshape(n, k // QK, 2, QK // 2)
         elif self.fmt == "q4_k":
             s = d * self.sc.astype(np.float32)[:, :, None]
             c = self.m.astype(np.float32)[:, :, None] * self.mn.astype(np.float32)[:, :, None]

@@ -201,11 +201,11 @@ class _Tile:
                     nib[v] = b.or_(nib[v], b.shl(b.zext(hv, v8), ir.Constant(v8, [bit] * V)))
             if F.sc16:  # q6_k: (d * sc) * (q - 32), sc by the half of the group kq is in
                 first = b.icmp_signed("<", kq, self.c64(QK // 2))
-                return [b.fmul(b.select(first, s0, s1), b.sitofp(b.sub(q, ir.Constant(v8, [32] * V)), self.vf))
+                return [b.fmul(b.select(first, s0, s1), b.sitofp(b.sub(q, ir.Constant(v8, [F.zero] * V)), self.vf))
                         for q, s0, s1 in zip(nib, *halves16)]
             if F.has_min:  # q4_1/q5_1: d * q + m, q4_k: (d * sc) * q - dmin * mn; one rounding (the product is exact)
                 return [b.call(self.fma, [b.uitofp(q, self.vf), s, m]) for q, s, m in zip(nib, scales, mins)]
-            off = ir.Constant(v8, [8 if F.qbits == 4 else 16] * V)
+            off = ir.Constant(v8, [F.zero] * V)
             return [b.fmul(b.sitofp(b.sub(q, off), self.vf), s) for q, s in zip(nib, scales)]
 
         per_line = 64 // F.row_bytes  # k-rows per cache line: one prefetch for each line

@@ -17,7 +17,7 @@ from ..text.tokenizer import Tokenizer
 from .config import ModelConfig, load_config, token_ids
 from .gguf_file import GGUFFile
 from .memory import release_free_heap
-from .pack import ACTIVATIONS, DTYPES
+from .pack import DTYPES
 from .transformer import Transformer
 from .weights import TensorStore
 
@@ -93,8 +93,6 @@ def open_checkpoint(path: str | Path, dtype: str = "auto", max_context: int | No
                               "folder or a GGUF file)")
     if dtype != "auto" and dtype not in DTYPES:
         raise UnsupportedModelError(f"dtype={dtype!r} is not supported (auto, float32, bfloat16)")
-    if activations not in ACTIVATIONS:
-        raise UnsupportedModelError(f"activations={activations!r} is not supported ({', '.join(ACTIVATIONS)})")
     if quantize is not None and quantize not in QUANTIZERS:
         raise UnsupportedModelError(f"quantize={quantize!r} is not supported (None, {', '.join(map(repr, QUANTIZERS))}; "
                                     f"a GGUF file's {', '.join(f.upper() for f in FORMATS)} weights are kept as they are)")

@@ -66,7 +66,7 @@ def _embed_impl(table, tokens, x):
         F = LAYOUTS[name]
         int_dot, bits, has_min, k_quant, sc16 = F.int_dot, F.qbits, F.has_min, F.sub_scales, F.sc16
         HB, D, M, SC, MN, PLANE = F.hb_at, F.d_at, F.m_at, F.sc_at, F.mn_at, QK * NL // 8
-        off = {"q4_0": 8, "q5_0": 16}.get(F.base, 0)
+        off = F.zero
         record = isinstance(table.dtype, types.Record)
 
         def quant_rows(table, tokens, x):
@@ -81,7 +81,7 @@ def _embed_impl(table, tokens, x):
                         m = -(m * np.float32(grp[MN + j]))
                     for kk in range(QK):
                         if bits == 8:
-                            q = np.int32(grp[(kk // 4) * 128 + 4 * j + kk % 4]) - 128 if int_dot else np.int32(grp[kk * NL + j])
+                            q = np.int32(grp[(kk // 4) * 128 + 4 * j + kk % 4]) - off if int_dot else np.int32(grp[kk * NL + j])
                             if not int_dot and q > 127:
                                 q -= 256
                             x[r, g * QK + kk] = np.float32(q) * d
@@ -95,7 +95,7 @@ def _embed_impl(table, tokens, x):
                             q |= ((np.int32(grp[at]) >> (i % 8)) & 1) << bit
                         if sc16:  # (d * sc) * (q - 32), sc int8 of the group's half
                             sc = np.int32(grp[SC + (kk // (QK // 2)) * NL + j])
-                            x[r, g * QK + kk] = (d * np.float32(sc - 256 if sc > 127 else sc)) * np.float32(q - 32)
+                            x[r, g * QK + kk] = (d * np.float32(sc - 256 if sc > 127 else sc)) * np.float32(q - off)
                         else:
                             x[r, g * QK + kk] = np.float32(q) * d + m if has_min else np.float32(q - off) * d
         return quant_rows

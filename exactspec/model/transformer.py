@@ -75,13 +75,6 @@ def inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def _quant_table(w: K.PackedWeight) -> np.ndarray:
-    """A quantized packed weight as the embedding lookup reads it (F.embed_rows reads row t from lane
-    t % NL of block t // NL): its records as they are (their type names the layout), or Q8_0's float
-    layout as (nblk, H/32, group bytes) uint8."""
-    return w.data
-
-
 class Transformer:
     def __init__(self, cfg: ModelConfig, store: TensorStore, dtype: str, max_context: int, quant: str = "none",
                  activations: str = "int8"):
@@ -117,7 +110,7 @@ class Transformer:
         self.cos, self.sin = K.rope_table(inv_freq(cfg), max_context)  # (C, D) each
         self.scale = 1.0 / math.sqrt(D)
         if isinstance(embed, K.PackedWeight):
-            self._embed_np = _quant_table(embed)
+            self._embed_np = embed.data  # F.embed_rows reads row t from lane t % NL of block t // NL
         else:
             e = embed.contiguous()
             self._embed_np = e.view(torch.int16).numpy().view(np.uint16) if e.dtype == torch.bfloat16 else e.numpy()
@@ -141,7 +134,7 @@ class Transformer:
         self.__dict__.update(s)
         self.layers = [self.stack.views(i) for i in range(self.cfg.n_layers)]
         if self._embed_np is None:
-            self._embed_np = _quant_table(self.lm_head)
+            self._embed_np = self.lm_head.data
 
     @property
     def limits(self) -> Limits:
