@@ -52,7 +52,7 @@ def test_activation_quantizer_equals_its_twin_on_ties_zeros_and_extremes():
 
 
 def test_a_block_that_is_not_finite_gives_nan_outputs_not_garbage():
-    x = torch.randn(3, 64)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(3))
     x[0, 5] = float("nan")
     x[1, 40] = float("inf")
     q, d, s = quantize_rows(x.numpy())
@@ -78,7 +78,7 @@ def test_integer_dot_layout_holds_the_same_weights(fmt):
 @pytest.mark.parametrize("n,k,bias", [(77, 64, False), (100, 96, True), (32, 32, False)])
 def test_integer_dot_kernel_equals_its_integer_twin(fmt, n, k, bias):
     k = k * 8 if fmt in ("q4_k", "q6_k") else k  # whole super-blocks of 256
-    b = torch.randn(n) if bias else None
+    b = torch.randn(n, generator=torch.Generator().manual_seed(n)) if bias else None
     p = K.pack_quant(_weights(fmt, n, k, n), b, int_dot=True)
     M = 3 * cpu.MR_MAX + 2
     x = _hard_rows(M, k, n)

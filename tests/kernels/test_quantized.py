@@ -50,14 +50,15 @@ def test_quantized_linear_is_the_float_kernel_on_dequantized_weights(fmt, n, k, 
     k = k * 8 if fmt in ("q4_k", "q6_k") else k  # whole super-blocks of 256
     w = rng.standard_normal((n, k)).astype(np.float32)
     w[: n // 3] += 3.0  # Q4_1 blocks with a large minimum: d * q + m rounds
-    b = torch.randn(n) if bias else None
+    g = torch.Generator().manual_seed(n)
+    b = torch.randn(n, generator=g) if bias else None
     raw = _blocks(w, fmt)
     pq = K.pack_quant(quant.from_blocks(raw, fmt, n, k), b)
     deq = gguf.quants.dequantize(raw, TYPE[fmt]).reshape(n, k)
     assert np.array_equal(pq.unpack().numpy(), deq)
     pf = K.pack_weight(torch.from_numpy(deq), b)
     M = 3 * K.MR_MAX + 2
-    x = torch.randn(M, k) * torch.logspace(-3, 3, k)  # many exponents: real roundings
+    x = torch.randn(M, k, generator=g) * torch.logspace(-3, 3, k)  # many exponents: real roundings
     whole = K.linear(x, pq)
     assert torch.equal(whole, K.linear(x, pf))
     assert torch.equal(whole, K.linear_ref(x, torch.from_numpy(deq), b))  # the plain-torch FMA chain
