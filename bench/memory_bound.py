@@ -49,7 +49,7 @@ def measure(model, prompt: list[int], tokens: int, repeat: int, bw: float) -> di
         rows = Rows()
         rows.add(0, prompt[:m], n, logits_from=0)
         times[m] = statistics.median(timed(lambda: rows.forward(net, cache)) for _ in range(repeat))
-    wbytes = sum(p.data.nbytes for L in net.layers for p in (L.wqkv, L.wo, L.w_gate, L.w_up, L.w_down))
+    wbytes = sum(p.data.nbytes for L in net.layers for p in (L.wqkv, L.wv, L.wo, L.w_gate, L.w_up, L.w_down) if p)
     wbytes += net.lm_head.data.nbytes
     kv = 2 * net.cfg.n_layers * net.cfg.n_kv_heads * net.cfg.head_dim * 4 * (n + tokens // 2)
     return dict(tps=tps, times=times, wbytes=wbytes, kv=kv, limit=bw / (wbytes + kv), tokens=r.token_ids)

@@ -145,3 +145,14 @@ def _unpack_quant(data: np.ndarray, fmt: str) -> quant.Quantized:
     if F.sc16:
         sc = rows(raw[:, :, F.sc_at:].reshape(nblk, G, 2, NL)).view(np.int8)
     return quant.Quantized(F.base, rows(q), d, m, sc, mn)
+
+
+def packed_shape(n: int, k: int, layout: str) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype of `PackedWeight.data` for an (n, k) weight in `layout` ("f32", "bf16", or
+    a LAYOUTS name), as pack_weight / pack_quant make it."""
+    nblk = (n + NL - 1) // NL
+    if layout in ("f32", "bf16"):
+        return (nblk, k, NL), np.dtype(np.float32 if layout == "f32" else np.uint16)
+    if layout == "q8_0":
+        return (nblk, k // QK, LAYOUTS["q8_0"].group_bytes), np.dtype(np.uint8)
+    return (nblk, k // QK), record_dtype(layout)

@@ -27,7 +27,7 @@ from ..kernels.attention import _attend_task
 from ..kernels.layout import LAYOUTS, NL, QK
 from ..kernels.actquant import act_buffers, acts
 from ..kernels.linear import ADD, STORE, SWIGLU, _linear_block
-from ..kernels.pack import PackedWeight
+from ..kernels.pack import PackedWeight, packed_shape
 from ..kernels.rows import _qkv_rope_cache, _rmsnorm
 from ..kernels.threads import TwoBuilds
 from .memory import ensure_fits
@@ -126,23 +126,55 @@ def embed_rows(table: np.ndarray, tokens: np.ndarray, H: int) -> np.ndarray:
     return _embed_rows(table, tokens, np.empty((tokens.shape[0], H), np.float32))
 
 
+@njit(inline="always")
+def _linear_all(xa, w, bias, y, mode):
+    # Every output block of w (gate/up pairs for SWIGLU), threads splitting the blocks.
+    for b in prange(w.shape[0] // 2 if mode == SWIGLU else w.shape[0]):
+        _linear_block(xa, w, bias, y, b, mode)
+
+
+def _linear_at(xa, w, i, bias, y, mode):
+    """Layer i's weight of a Stack kind w = (a, alt, sel): a[sel[i]] if sel[i] >= 0, else alt[-1 - sel[i]]
+    (compiled code only)."""
+
+
+@overload(_linear_at, inline="always")
+def _linear_at_impl(xa, w, i, bias, y, mode):
+    if w[0] == w[1]:  # one format (alt has no layers): one parallel loop, one compiled tile
+        def one(xa, w, i, bias, y, mode):
+            a, alt, sel = w
+            s = sel[i]
+            _linear_all(xa, a[s] if s >= 0 else alt[-1 - s], bias, y, mode)
+        return one
+
+    def two(xa, w, i, bias, y, mode):  # two formats: a loop (and a tile) for each
+        a, alt, sel = w
+        s = sel[i]
+        if s >= 0:
+            _linear_all(xa, a[s], bias, y, mode)
+        else:
+            _linear_all(xa, alt[-1 - s], bias, y, mode)
+    return two
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def _forward(rows, top, layers, dims, cache, logits):
     # rows: tokens, slot, pos (R,) int64 and out_rows (n,) int64 -> logits (n, V) float32.
-    # top: embed, final norm, head; layers: the Stack's arrays (a leading layer axis each);
-    # dims: heads, kv heads, head dim, I (the intermediate size: the packed weights' shapes do not
-    # show it, a Q8_0 weight's second axis counts groups of 32), eps, scale, window; cache: rope
-    # tables, the block table (S, NB) and the paged K/V cache.
+    # top: embed, final norm, head; layers: the Stack's arrays (a leading layer axis each; each linear
+    # kind as (a, alt, sel), see Stack); dims: heads, kv heads, head dim, I (the intermediate size: the
+    # packed weights' shapes do not show it, a Q8_0 weight's second axis counts groups of 32), the
+    # outputs of wqkv (all of q, k, v unless v is apart: wv), eps, scale, window; cache: rope tables,
+    # the block table (S, NB) and the paged K/V cache.
     tokens, slot, pos, out_rows = rows
     embed, norm, head = top
-    attn_norm, wqkv, bqkv, q_norm, k_norm, wo, bo, mlp_norm, wgu, bgu, wdown, bdown = layers
-    Hq, Hkv, D, I, eps, scale, window = dims
+    attn_norm, wqkv, bqkv, wv, bv, q_norm, k_norm, wo, bo, mlp_norm, wgu, bgu, wdown, bdown = layers
+    Hq, Hkv, D, I, nqk, eps, scale, window = dims
     cos, sin, table, kc, vc = cache
     R = tokens.shape[0]
     H = norm.shape[0]
     x = np.empty((R, H), np.float32)  # the residual stream
     _embed(embed, tokens, x)
-    L = wqkv.shape[0]
+    L = attn_norm.shape[0]
     nqkv = (Hq + 2 * Hkv) * D
     h = np.empty((R, H), np.float32)
     qkv = np.empty((R, nqkv), np.float32)
@@ -153,31 +185,24 @@ def _forward(rows, top, layers, dims, cache, logits):
     ab = act_buffers(R, max(H, Hq * D, I))  # int8 rows for integer-dot layouts, reused by every linear
     for i in range(L):  # acts: each linear's input as its tile takes it (int8 rows for integer-dot layouts)
         _rmsnorm(x, attn_norm[i], eps, h)
-        ha = acts(h, wqkv[i], ab)
-        for b in prange(wqkv.shape[1]):
-            _linear_block(ha, wqkv[i], bqkv[i], qkv, b, STORE)
+        ha = acts(h, wqkv[0], ab)  # (wv, when apart, is quantized as wqkv is: the same rows serve)
+        _linear_at(ha, wqkv, i, bqkv[i], qkv[:, :nqk], STORE)
+        if wv[2].shape[0] > 0:
+            _linear_at(ha, wv, i, bv[i], qkv[:, nqk:], STORE)
         _qkv_rope_cache(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos, sin, table, slot, pos, kc[i], vc[i], q)
         for t in prange(R * Hq):
             _attend_task(t, q, kc[i], vc[i], table, slot, pos, scale, window, a3)
-        aa = acts(a, wo[i], ab)
-        for b in prange(wo.shape[1]):
-            _linear_block(aa, wo[i], bo[i], x, b, ADD)
+        _linear_at(acts(a, wo[0], ab), wo, i, bo[i], x, ADD)
         _rmsnorm(x, mlp_norm[i], eps, h)
-        ha = acts(h, wgu[i], ab)
-        for c in prange(wgu.shape[1] // 2):
-            _linear_block(ha, wgu[i], bgu[i], act, c, SWIGLU)
-        acta = acts(act, wdown[i], ab)
-        for b in prange(wdown.shape[1]):
-            _linear_block(acta, wdown[i], bdown[i], x, b, ADD)
+        _linear_at(acts(h, wgu[0], ab), wgu, i, bgu[i], act, SWIGLU)
+        _linear_at(acts(act, wdown[0], ab), wdown, i, bdown[i], x, ADD)
     n = out_rows.shape[0]
     hf = np.empty((n, H), np.float32)
     xs = np.empty((n, H), np.float32)
     for r in range(n):
         xs[r] = x[out_rows[r]]
     _rmsnorm(xs, norm, eps, hf)
-    hfa = acts(hf, head, ab)
-    for b in prange(head.shape[0]):
-        _linear_block(hfa, head, np.empty(0, np.float32), logits, b, STORE)
+    _linear_all(acts(hf, head, ab), head, np.empty(0, np.float32), logits, STORE)
     return logits
 
 
@@ -189,7 +214,7 @@ SERIAL_FORWARD = 1 << 19  # multiply-adds per forward below which one thread run
 class Layer:
     """One decoder layer's weights (packed). In a loaded model they are views into its `Stack`."""
     attn_norm: np.ndarray  # (H,) float32
-    wqkv: PackedWeight  # (Hq*D + 2*Hkv*D, H): q, k, v rows stacked
+    wqkv: PackedWeight  # (Hq*D + 2*Hkv*D, H): q, k, v rows stacked; (Hq*D + Hkv*D, H) when wv is apart
     q_norm: np.ndarray  # (D,) Qwen3, else empty
     k_norm: np.ndarray
     wo: PackedWeight  # (H, Hq*D)
@@ -197,44 +222,72 @@ class Layer:
     w_gate: PackedWeight  # (I, H)
     w_up: PackedWeight  # (I, H)
     w_down: PackedWeight  # (H, I)
+    wv: PackedWeight | None = None  # (Hkv*D, H): v apart, where a file keeps it in another format than q, k
 
 
 _NORMS = ("attn_norm", "q_norm", "k_norm", "mlp_norm")
-_LINEARS = ("wqkv", "wo", "w_down")
+_LINEARS = ("wqkv", "wv", "wo", "w_gate", "w_down")
 
 
 @dataclass
 class Stack:
-    """Every layer's weights along a leading layer axis, as `_forward` takes them. Gate and up
-    blocks are interleaved (gate block c at 2c, up block c at 2c + 1); biases are (L, N) or (L, 0)."""
+    """Every layer's weights along a leading layer axis, as `_forward` takes them. Each linear kind
+    `name` in up to two formats (a file may keep a kind in one format in some layers and another in
+    the rest, as llama.cpp's Q4_K_M): `name` holds the layers of the first, `name_alt` those of the
+    second (no layers when there is one), `sel_name` (L,) int64 where layer i is: j >= 0 at name[j],
+    j < 0 at name_alt[-1 - j]. Gate and up blocks are interleaved (gate block c at 2c, up block c at
+    2c + 1); biases are (L, N) or (L, 0). wv (v apart from q, k) has no layers unless split."""
     arrays: dict[str, np.ndarray]
     shapes: dict[str, tuple[int, int]]  # (N, K) of each linear
     work: int  # multiply-adds per row over all layers (the serial/parallel switch)
 
     @staticmethod
-    def empty(like: Layer, n_layers: int) -> "Stack":
-        """Room for `n_layers` layers shaped as `like`, checked against the available memory first (a
-        config's layer count is not trusted to size an allocation)."""
-        want, shapes = {}, {}  # name -> (shape, dtype)
+    def empty(like: Layer, layouts: dict[str, tuple[str, ...] | None], n_layers: int) -> "Stack":
+        """Room for `n_layers` layers shaped as `like`, each linear in the layouts of `layouts`
+        (pack.Packer.layouts), checked against the available memory first (a config's layer count is
+        not trusted to size an allocation)."""
+        want, shapes, sel = {}, {}, {}  # name -> (shape, dtype)
         for name in _NORMS:
             want[name] = ((n_layers,) + getattr(like, name).shape, np.dtype(np.float32))
-        for name in _LINEARS + ("w_gate",):
-            w: PackedWeight = getattr(like, name)
-            shape = w.data.shape if name != "w_gate" else (2 * w.data.shape[0],) + w.data.shape[1:]
-            want[name] = ((n_layers,) + shape, w.data.dtype)
-            want["b_" + name] = ((n_layers, w.bias.shape[0] * (2 if name == "w_gate" else 1)), np.dtype(np.float32))
+        for name in _LINEARS:
+            w: PackedWeight | None = getattr(like, name)
+            per_layer = layouts[name]
+            if w is None:  # no such weight: wqkv's type with no layers (one compiled tile serves)
+                w, per_layer = like.wqkv, ()
+            two = 2 if name == "w_gate" else 1  # gate and up blocks interleaved
+            kinds = list(dict.fromkeys(per_layer)) or [w.fmt]
+            for suffix, layout in zip(("", "_alt"), kinds + kinds[:1]):
+                shape, dt = packed_shape(w.n, w.k, layout)
+                want[name + suffix] = ((per_layer.count(layout) if suffix == "" or len(kinds) > 1 else 0,
+                                        two * shape[0]) + shape[1:], dt)
+            count = {f: 0 for f in kinds}
+            sel[name] = []
+            for f in per_layer:
+                sel[name].append(count[f] if f == kinds[0] else -1 - count[f])
+                count[f] += 1
+            want["b_" + name] = ((len(per_layer), w.bias.shape[0] * two), np.dtype(np.float32))
             shapes[name] = (w.n, w.k)
         nbytes = sum(math.prod(shape) * dt.itemsize for shape, dt in want.values())
         ensure_fits(nbytes, f"the weights of {n_layers} layers", "num_hidden_layers")
         a = {name: np.empty(shape, dt) for name, (shape, dt) in want.items()}
-        work = sum(n * k for n, k in shapes.values()) + like.w_up.n * like.w_up.k
+        a.update({"sel_" + name: np.array(s, np.int64) for name, s in sel.items()})
+        work = sum(math.prod(shapes[n]) * (a["sel_" + n].shape[0] > 0) for n in _LINEARS) + like.w_up.n * like.w_up.k
         return Stack(a, shapes, work * n_layers)
 
+    def _at(self, name: str, i: int) -> np.ndarray:
+        """Layer i's packed weight `name` (the stack of its format)."""
+        j = int(self.arrays["sel_" + name][i])
+        return self.arrays[name][j] if j >= 0 else self.arrays[name + "_alt"][-1 - j]
+
     @functools.cached_property
-    def layers(self) -> tuple[np.ndarray, ...]:
+    def layers(self) -> tuple:
         """The arrays in `_forward`'s order (made once: a forward is the hot path)."""
-        return tuple(self.arrays[k] for k in ("attn_norm", "wqkv", "b_wqkv", "q_norm", "k_norm", "wo", "b_wo",
-                                              "mlp_norm", "w_gate", "b_w_gate", "w_down", "b_w_down"))
+        a = self.arrays
+
+        def lin(n):
+            return (a[n], a[n + "_alt"], a["sel_" + n]), a["b_" + n]
+        return (a["attn_norm"], *lin("wqkv"), *lin("wv"), a["q_norm"], a["k_norm"], *lin("wo"), a["mlp_norm"],
+                *lin("w_gate"), *lin("w_down"))
 
     def put(self, i: int, layer: Layer) -> None:
         a = self.arrays
@@ -242,21 +295,28 @@ class Stack:
             a[name][i] = getattr(layer, name)
         for name in _LINEARS:
             w = getattr(layer, name)
-            a[name][i] = w.data
-            a["b_" + name][i] = w.bias
-        a["w_gate"][i, 0::2] = layer.w_gate.data
-        a["w_gate"][i, 1::2] = layer.w_up.data
-        a["b_w_gate"][i] = np.concatenate([layer.w_gate.bias, layer.w_up.bias])
+            if w is None:
+                continue
+            dest = self._at(name, i)
+            if name == "w_gate":
+                dest[0::2] = w.data
+                dest[1::2] = layer.w_up.data
+                a["b_w_gate"][i] = np.concatenate([w.bias, layer.w_up.bias])
+            else:
+                dest[...] = w.data
+                a["b_" + name][i] = w.bias
 
     def views(self, i: int) -> Layer:
         a = self.arrays
-        lin = {name: PackedWeight(a[name][i], *self.shapes[name], a["b_" + name][i]) for name in _LINEARS}
+        lin = {name: PackedWeight(self._at(name, i), *self.shapes[name], a["b_" + name][i])
+               for name in _LINEARS if name != "w_gate" and a["sel_" + name].shape[0]}
         n, k = self.shapes["w_gate"]
         gb = a["b_w_gate"][i]
         half = gb.shape[0] // 2
+        gu = self._at("w_gate", i)
         return Layer(**{name: a[name][i] for name in _NORMS}, **lin,
-                     w_gate=PackedWeight(a["w_gate"][i, 0::2], n, k, gb[:half]),
-                     w_up=PackedWeight(a["w_gate"][i, 1::2], n, k, gb[half:]))
+                     w_gate=PackedWeight(gu[0::2], n, k, gb[:half]),
+                     w_up=PackedWeight(gu[1::2], n, k, gb[half:]))
 
 
 def forward(st: Stack, tokens: np.ndarray, embed: np.ndarray, slot: np.ndarray, pos: np.ndarray,
@@ -268,6 +328,6 @@ def forward(st: Stack, tokens: np.ndarray, embed: np.ndarray, slot: np.ndarray, 
     logits = np.empty((out_rows.shape[0], head.n), np.float32)
     if tokens.shape[0] == 0:
         return logits
-    dims = (Hq, Hkv, D, st.shapes["w_down"][1], np.float32(eps), np.float32(scale), window)
+    dims = (Hq, Hkv, D, st.shapes["w_down"][1], st.shapes["wqkv"][0], np.float32(eps), np.float32(scale), window)
     return _FORWARD.run(tokens.shape[0] * (st.work + head.n * head.k), SERIAL_FORWARD, (tokens, slot, pos, out_rows),
                         (embed, norm, head.data), st.layers, dims, (cos, sin, table, kc, vc), logits)

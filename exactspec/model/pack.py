@@ -16,10 +16,16 @@ from .weights import TensorStore
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 ACTIVATIONS = ("int8", "float32")  # what quantized weights multiply (Packer)
-# The stored tensors of each kind of linear weight (one stacked weight per kind and layer).
+# The stored tensors of each kind of linear weight (one stacked weight per kind and layer). "qk" and
+# "v" are the two halves of "qkv" where a file keeps v in another format than q and k in some layer
+# (llama.cpp's Q4_K_M: Q6_K v in some layers): then q+k and v are two weights.
 KINDS = {"qkv": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
          "o": ("self_attn.o_proj.weight",), "gate_up": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
          "down": ("mlp.down_proj.weight",)}
+_SPLIT = {"qk": KINDS["qkv"][:2], "v": KINDS["qkv"][2:]}
+# the Stack's name of each kind's weight (forward.Layer's field)
+FIELDS = {"qkv": "wqkv", "v": "wv", "o": "wo", "gate_up": "w_gate", "down": "w_down"}
+MAX_LAYER_FORMATS = 2  # formats one kind may take across layers (forward.Stack keeps two stacks per kind)
 EMBED = "model.embed_tokens.weight"
 
 
@@ -34,15 +40,21 @@ class Packer:
                  activations: str = "int8"):
         self.cfg, self.store, self.dtype, self.quant, self.wd = cfg, store, dtype, quant, DTYPES[dtype]
         self.int_dot = activations == "int8"
-        # The format each kind (qkv, o, gate+up, down, embed, head) is kept in: when keeping a file's
-        # formats, a kind stays quantized only if every layer's tensors of it share one (the kernel
-        # takes one format per stacked weight); otherwise it is `dtype`.
+        # The formats each kind is kept in. Layer kinds (qkv, o, gate_up, down; v where split): a tuple
+        # of each layer's format (a weight per layer and kind, so every tensor of a kind in one layer
+        # must share a format; at most MAX_LAYER_FORMATS formats over the layers), or None: `dtype`.
+        # embed, head: one format or None.
         self.stored = store.quant_formats() if quant == "keep" and hasattr(store, "quant_formats") else {}
-        self.fmt = {kind: self._format(f"model.layers.{i}.{n}" for i in range(cfg.n_layers) for n in names)
-                    for kind, names in KINDS.items()}
+        self.fmt: dict[str, tuple[str, ...] | str | None] = {k: self._layer_formats(n) for k, n in KINDS.items()}
+        self.fmt["v"] = None
+        if self.fmt["qkv"] is None:  # v in its own format in some layer: q+k and v apart
+            qk, v = self._layer_formats(_SPLIT["qk"]), self._layer_formats(_SPLIT["v"])
+            if qk and v:
+                self.fmt["qkv"], self.fmt["v"] = qk, v
         self.fmt["embed"] = self._format([EMBED])
 
     def _format(self, names: Iterable[str]) -> str | None:
+        """The one quantized format the tensors `names` share, or None."""
         if self.quant in Q.FORMATS:
             return self.quant
         if not self.stored:
@@ -54,9 +66,31 @@ class Packer:
                 return None
         return fmts.pop() if fmts else None
 
+    def _layer_formats(self, names: tuple[str, ...]) -> tuple[str, ...] | None:
+        """Each layer's format of the tensors `names` (one per layer), or None where a layer has none
+        or the layers have more than MAX_LAYER_FORMATS."""
+        fmts = []
+        for i in range(self.cfg.n_layers):
+            f = self._format(f"model.layers.{i}.{n}" for n in names)
+            if f is None or len(set(fmts) | {f}) > MAX_LAYER_FORMATS:
+                return None
+            fmts.append(f)
+        return tuple(fmts)
+
+    def layouts(self) -> dict[str, tuple[str, ...] | None]:
+        """{Stack field: each layer's packed layout} ("f32", "bf16", or kernels.LAYOUTS' name), None
+        for a field the model does not have (wv unless split)."""
+        plain = ("bf16" if self.dtype == "bfloat16" else "f32",) * self.cfg.n_layers
+        out = {}
+        for kind, field in FIELDS.items():
+            f = self.fmt[kind]
+            out[field] = tuple(x + ("i" if self.int_dot else "") for x in f) if f else (None if kind == "v" else plain)
+        return out
+
     def name(self) -> str:
         """e.g. "q4_1+q8_0+float32": the formats kept, then the rest."""
-        return "+".join(sorted({f for f in self.fmt.values() if f}) + [self.dtype])
+        kept = {x for f in self.fmt.values() if f for x in ((f,) if isinstance(f, str) else f)}
+        return "+".join(sorted(kept) + [self.dtype])
 
     # -- tensors --------------------------------------------------------------------------------
     def norm(self, name: str, n: int) -> np.ndarray:
@@ -65,12 +99,14 @@ class Packer:
     def bias(self, name: str, n: int, present: bool) -> torch.Tensor | None:
         return self.store.get(name, (n,), torch.float32) if present else None
 
-    def linear(self, kind: str, parts: list[tuple[str, tuple[int, int]]], b: torch.Tensor | None) -> K.PackedWeight:
+    def linear(self, kind: str, parts: list[tuple[str, tuple[int, int]]], b: torch.Tensor | None,
+               layer: int | None = None) -> K.PackedWeight:
         """The weights `parts` stacked along N and packed: quantized (kept or at load) or `dtype`."""
         st = self.store
-        if self.fmt[kind]:
+        fmt = self.fmt[kind] if layer is None or self.fmt[kind] is None else self.fmt[kind][layer]
+        if fmt:
             qs = [(st.get_quant(n, s) if self.quant == "keep" else None) or
-                  Q.quantize(st.get(n, s, torch.float32).numpy(), self.fmt[kind], n) for n, s in parts]
+                  Q.quantize(st.get(n, s, torch.float32).numpy(), fmt, n) for n, s in parts]
             return K.pack_quant(Q.concat(qs), b, self.int_dot)
         return K.pack_weight(torch.cat([st.get(n, s, self.wd) for n, s in parts]), b)
 
@@ -96,21 +132,24 @@ class Packer:
         a = p + "self_attn."
         qkv = [(a + "q_proj.weight", (Hq * D, H)), (a + "k_proj.weight", (Hkv * D, H)),
                (a + "v_proj.weight", (Hkv * D, H))]
-        qkv_b = None
-        if c.qkv_bias:
-            qkv_b = torch.cat([self.bias(a + "q_proj.bias", Hq * D, True), self.bias(a + "k_proj.bias", Hkv * D, True),
-                               self.bias(a + "v_proj.bias", Hkv * D, True)])
+        qkv_b = [self.bias(a + n + "_proj.bias", m, c.qkv_bias) for n, m in (("q", Hq * D), ("k", Hkv * D), ("v", Hkv * D))]
+        split = 2 if self.fmt["v"] else 3  # q, k (and v) in one weight
+
+        def cat(bs):
+            return torch.cat(bs) if c.qkv_bias else None
         empty = np.empty(0, np.float32)
         mlp_b = c.mlp_bias
         return F.Layer(
             attn_norm=self.norm(p + "input_layernorm.weight", H),
-            wqkv=self.linear("qkv", qkv, qkv_b),
+            wqkv=self.linear("qkv", qkv[:split], cat(qkv_b[:split]), i),
+            wv=self.linear("v", qkv[2:], cat(qkv_b[2:]), i) if self.fmt["v"] else None,
             q_norm=self.norm(a + "q_norm.weight", D) if c.qk_norm else empty,
             k_norm=self.norm(a + "k_norm.weight", D) if c.qk_norm else empty,
-            wo=self.linear("o", [(a + "o_proj.weight", (H, Hq * D))], self.bias(a + "o_proj.bias", H, c.o_bias)),
+            wo=self.linear("o", [(a + "o_proj.weight", (H, Hq * D))], self.bias(a + "o_proj.bias", H, c.o_bias), i),
             mlp_norm=self.norm(p + "post_attention_layernorm.weight", H),
             w_gate=self.linear("gate_up", [(p + "mlp.gate_proj.weight", (I, H))],
-                               self.bias(p + "mlp.gate_proj.bias", I, mlp_b)),
-            w_up=self.linear("gate_up", [(p + "mlp.up_proj.weight", (I, H))], self.bias(p + "mlp.up_proj.bias", I, mlp_b)),
+                               self.bias(p + "mlp.gate_proj.bias", I, mlp_b), i),
+            w_up=self.linear("gate_up", [(p + "mlp.up_proj.weight", (I, H))], self.bias(p + "mlp.up_proj.bias", I, mlp_b),
+                             i),
             w_down=self.linear("down", [(p + "mlp.down_proj.weight", (H, I))],
-                               self.bias(p + "mlp.down_proj.bias", H, mlp_b)))
+                               self.bias(p + "mlp.down_proj.bias", H, mlp_b), i))

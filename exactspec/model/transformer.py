@@ -98,7 +98,7 @@ class Transformer:
         for i in range(cfg.n_layers):
             layer = p.layer(i)
             if st is None:  # one copy of the weights: packed layer by layer into the stack
-                st = F.Stack.empty(layer, cfg.n_layers)
+                st = F.Stack.empty(layer, p.layouts(), cfg.n_layers)
             st.put(i, layer)
         self.stack = st
         self.layers: list[F.Layer] = [st.views(i) for i in range(cfg.n_layers)]
@@ -192,6 +192,8 @@ class Transformer:
         for i, L in enumerate(self.layers):
             h = K.rmsnorm(x, L.attn_norm, c.rms_norm_eps)
             qkv = K.linear(h, L.wqkv)  # (R, (Hq + 2 Hkv) D)
+            if L.wv is not None:  # v kept apart (another format than q, k)
+                qkv = torch.cat([qkv, K.linear(h, L.wv)], 1)
             q = K.qkv_rope_cache(qkv, Hq, Hkv, D, L.q_norm, L.k_norm, c.rms_norm_eps, self.cos, self.sin,
                                  cache.table, slot, pos, cache.k[i], cache.v[i])  # (R, Hq, D); k, v now cached
             a = K.attention(q, cache.k[i], cache.v[i], cache.table, slot, pos, self.scale, window)  # (R, Hq, D)

@@ -93,12 +93,47 @@ def test_every_float16_scale_widens_exactly():
     assert np.array_equal(got.view(np.uint32), hs.astype(np.float32).view(np.uint32))
 
 
-# A file whose kinds of weight each have their own format (as llama.cpp's mixed files: Q4_K_M, ...):
-# one compiled forward covers every format (each new combination of weight types costs a compile).
-MIXED = {"attn_q.weight": "q4_0", "attn_k.weight": "q4_0", "attn_v.weight": "q4_0", "attn_output.weight": "q5_0",
-         "ffn_gate.weight": "q4_k", "ffn_up.weight": "q4_k", "ffn_down.weight": "q6_k", "token_embd.weight": "q5_1",
-         "output.weight": "q5_1"}
-ALL_Q8 = dict.fromkeys(MIXED, "q8_0")
+# A file whose kinds of weight each have their own format, and some kinds one format in some layers and
+# another in the rest (as llama.cpp's Q4_K_M: Q4_K, with Q6_K v and down in some layers); "blk.N."
+# names one layer's tensor. v apart from q and k; one compiled forward covers it all (each new
+# combination of weight types costs a compile).
+KINDS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
+         "ffn_down.weight", "token_embd.weight", "output.weight")
+# (The random Q4_K blocks' weights have a large positive mean: on q/k they make attention a near argmax,
+# on down a huge residual, either of which int8 rounding's 0.5% per linear turns into 26% in the
+# logits. So q, k and down are from the model's weights or Q6_K's centred random blocks.)
+MIXED = {"attn_q.weight": "q4_0", "attn_k.weight": "q4_0", "blk.0.attn_v.weight": "q6_k", "blk.1.attn_v.weight": "q4_0",
+         "blk.0.attn_output.weight": "q5_0", "blk.1.attn_output.weight": "q4_0", "ffn_gate.weight": "q4_k",
+         "ffn_up.weight": "q4_k", "blk.0.ffn_down.weight": "q6_k", "blk.1.ffn_down.weight": "q5_1",
+         "token_embd.weight": "q5_1"}
+ALL_Q8 = dict.fromkeys(KINDS, "q8_0")
+
+
+def _stored(fmts: dict, layer: int, name: str) -> str:
+    return fmts.get(f"blk.{layer}.{name}", fmts.get(name))
+
+
+def _assert_kept(m, fmts: dict, suffix: str = "") -> None:
+    """Every layer's weights in the file's format of that layer (v apart where it differs from q, k)."""
+    apart = any(_stored(fmts, i, "attn_v.weight") != _stored(fmts, i, "attn_q.weight") for i in range(m.cfg.n_layers))
+    for i, L in enumerate(m.net.layers):
+        got = {"attn_q.weight": L.wqkv, "attn_output.weight": L.wo, "ffn_gate.weight": L.w_gate,
+               "ffn_up.weight": L.w_up, "ffn_down.weight": L.w_down}
+        if apart:
+            got["attn_v.weight"] = L.wv
+        else:
+            assert L.wv is None
+        assert {n: w.fmt for n, w in got.items()} == {n: _stored(fmts, i, n) + suffix for n in got}, i
+    head = "token_embd.weight" if m.cfg.tie_word_embeddings else "output.weight"
+    assert m.net.lm_head.fmt == fmts[head] + suffix
+    assert m.net.dtype == "+".join(sorted(set(fmts.values())) + ["float32"])  # nothing dequantized
+
+
+def _assert_twin(net, ids: list[int]) -> None:
+    """The one-call forward == its per-kernel twin (forward_ref), the file's formats as they are."""
+    t = torch.tensor(ids)
+    z, p = torch.zeros_like(t), torch.arange(len(ids))
+    assert torch.equal(net.forward(t, z, p, net.new_cache(1, 64)), net.forward_ref(t, z, p, net.new_cache(1, 64)))
 
 
 @pytest.mark.parametrize("arch,fmts", [("llama", ALL_Q8), ("qwen2", ALL_Q8), ("qwen2", MIXED)], ids=["llama-q8_0",
@@ -107,13 +142,12 @@ def test_quantized_gguf_kept_quantized_equals_it_dequantized(arch, fmts, tmp_pat
     hf = random_model(arch, hidden=256 if fmts is MIXED else 64)  # Q4_K: rows of whole super-blocks
     path = write_gguf(hf, tmp_path / "m.gguf", arch=arch, types={n: TYPE[f] for n, f in fmts.items()})
     kept, deq = exactspec.load(path, activations="float32"), exactspec.load(path, dtype="float32")
-    L = kept.net.layers[0]
-    kinds = {"attn_q.weight": L.wqkv, "attn_output.weight": L.wo, "ffn_gate.weight": L.w_gate,
-             "ffn_up.weight": L.w_up, "ffn_down.weight": L.w_down,
-             "token_embd.weight" if kept.cfg.tie_word_embeddings else "output.weight": kept.net.lm_head}
-    assert {n: w.fmt for n, w in kinds.items()} == {n: fmts[n] for n in kinds}
-    assert kept.net.dtype == "+".join(sorted(set(fmts.values())) + ["float32"])
+    _assert_kept(kept, fmts)
     assert not deq.net.layers[0].wqkv.quantized
+    if fmts is MIXED:  # one stack per format: each layer's weight where sel_ says, no float copy
+        st = kept.net.stack.arrays
+        assert [st["sel_wv"].tolist(), st["wv"].shape[0], st["wv_alt"].shape[0]] == [[0, -1], 1, 1]
+        assert [st["sel_wqkv"].tolist(), st["wqkv_alt"].shape[0]] == [[0, 1], 0]
     V = kept.cfg.vocab_size
     every = torch.arange(V)
     assert torch.equal(kept.net.embed_rows(every), deq.net.embed_rows(every))  # looked up from the blocks
@@ -121,6 +155,7 @@ def test_quantized_gguf_kept_quantized_equals_it_dequantized(arch, fmts, tmp_pat
         assert np.shares_memory(kept.net._embed_np, kept.net.lm_head.data)
     ids = _ids()
     assert torch.equal(kept.logits(ids), deq.logits(ids))
+    _assert_twin(kept.net, ids)
     if fmts is ALL_Q8:  # (MIXED's Q4_K blocks are random, not the model's weights quantized)
         with torch.no_grad():
             ref = hf(torch.tensor([ids])).logits[0]
@@ -146,9 +181,10 @@ def test_int8_activations_are_invariant_and_close_to_the_float_path(arch, fmts, 
     path = write_gguf(hf, tmp_path / "m.gguf", arch=arch, types={n: TYPE[f] for n, f in fmts.items()})
     m, flt = exactspec.load(path), exactspec.load(path, activations="float32")
     assert m.net.activations == "int8" and flt.net.activations == "float32"
-    assert m.net.layers[0].w_down.fmt == fmts["ffn_down.weight"] + "i" and m.net.lm_head.int_dot
+    _assert_kept(m, fmts, "i")
     ids = _ids()
     whole = m.logits(ids)
+    _assert_twin(m.net, ids)
     assert torch.equal(torch.cat([m.logits(ids[: i + 1])[-1:] for i in range(len(ids))]), whole)
     ref = flt.logits(ids)
     assert (whole - ref).norm() / ref.norm() < 0.05

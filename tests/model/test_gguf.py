@@ -58,7 +58,8 @@ def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", s
     def put(name, t, qtype=qtype):
         if name in skip:
             return
-        qtype = (types or {}).get(name.split(".", 2)[-1] if name.startswith("blk.") else name, qtype)
+        types_ = types or {}  # a layer's own name ("blk.1.attn_v.weight") first, then the kind's
+        qtype = types_.get(name, types_.get(name.split(".", 2)[-1] if name.startswith("blk.") else name, qtype))
         a = t.numpy()
         if a.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
             w.add_tensor(name, np.ascontiguousarray(a, np.float32))
