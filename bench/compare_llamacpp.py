@@ -1,5 +1,5 @@
-"""exactspec vs llama.cpp on the same weights (BF16, or Q8_0 / Q4_0 / Q4_1 kept quantized by both),
-side by side in one run, 2 threads each.
+"""exactspec vs llama.cpp on the same weights (BF16, or Q8_0 / Q4_0 / Q4_1 / Q4_K_M / Q5_K_M kept
+quantized by both), side by side in one run, 2 threads each.
 
     python bench/compare_llamacpp.py --llama-bench PATH [--tokens 64] [--repeat 3] [--gguf FILE] \
         [--qtype BF16 Q8_0 Q4_0 Q4_1 FILE] [--activations int8 float32] [--shape 0.5b|7b]
@@ -16,6 +16,8 @@ BF16 GGUF with gguf.GGUFWriter (for llama.cpp: q/k rows permuted to its rotary l
 converter does), and as a GGUF of each quantized --qtype (every matrix, embedding included, quantized
 by the gguf package, as llama.cpp's quantize does for a "pure" file). With --gguf FILE, FILE's
 weights dequantized to BF16 (or quantized from there), and FILE itself as it is (--qtype FILE).
+Q4_K_M, Q5_K_M: llama.cpp's own mixes of formats per layer, made from the BF16 file by its
+`llama-quantize` binary (--llama-quantize; built with the target llama-quantize as llama-bench is).
 --shape 7b: a Llama-2-7B-shape Q4_0 file (32 layers, hidden 4096, intermediate 11008, vocabulary
 32000) written directly as random valid blocks (no float weights), both sides reading it.
 Each side runs in its own process, one after the other (their thread pools spin after each call and
@@ -41,6 +43,7 @@ LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, nu
                  num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5,
                  rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
 PROMPT = [1] + list(range(300, 363))  # 64 tokens
+MIXES = ("Q4_K_M", "Q5_K_M")  # llama.cpp's per-layer mixes (llama-quantize)
 
 
 def build(folder: Path, qtypes: list[str]) -> None:
@@ -191,6 +194,11 @@ def write_gguf(sd: dict, path: Path, c: dict, qtype: str = "BF16") -> None:
     w.close()
 
 
+def _written(qtypes: list[str]) -> list[str]:
+    """The files written here for `qtypes` (the mixes are quantized from the BF16 one by llama-quantize)."""
+    return list(dict.fromkeys([q for q in qtypes if q not in MIXES] + (["BF16"] if set(qtypes) & set(MIXES) else [])))
+
+
 def run_ours(folder: Path, tokens: int, threads: int, qtype: str, activations: str = "int8") -> dict:
     import exactspec
     from exactspec.model.transformer import Rows
@@ -270,9 +278,10 @@ def main() -> None:
     ap.add_argument("--gguf", default=None, help="a llama GGUF file (e.g. SmolLM2-135M-Instruct.Q4_1.gguf): "
                     "dequantized to one BF16 GGUF that both sides load, instead of the random 0.5B-shape model")
     ap.add_argument("--qtype", nargs="+", default=["BF16", "Q8_0", "Q4_0"],
-                    choices=["BF16", "Q8_0", "Q4_0", "Q4_1", "FILE"],
-                    help="weight formats to compare (quantized: kept quantized by both sides; FILE: the --gguf file "
-                    "as it is)")
+                    choices=["BF16", "Q8_0", "Q4_0", "Q4_1", *MIXES, "FILE"],
+                    help="weight formats to compare (quantized: kept quantized by both sides; Q4_K_M, Q5_K_M: "
+                    "llama.cpp's mixes, made by --llama-quantize from the BF16 file; FILE: the --gguf file as it is)")
+    ap.add_argument("--llama-quantize", default=None, help="llama.cpp's llama-quantize binary (for Q4_K_M, Q5_K_M)")
     ap.add_argument("--activations", nargs="+", default=["int8"], choices=["int8", "float32"],
                     help="ours, for quantized weights: int8 (integer dot products) and/or float32")
     ap.add_argument("--shape", default="0.5b", choices=["0.5b", "7b"], help="7b: a random Llama-2-7B-shape Q4_0 file")
@@ -283,13 +292,18 @@ def main() -> None:
             random_q4_0(Path(tmp))
             what = "Llama-2-7B shape, random valid Q4_0 blocks"
         elif a.gguf:
-            shape = from_gguf(Path(a.gguf), Path(tmp), a.qtype)
+            shape = from_gguf(Path(a.gguf), Path(tmp), _written(a.qtype))
             what = f"{Path(a.gguf).name} dequantized to BF16 (hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers)"
         else:
             if "FILE" in a.qtype:
                 raise SystemExit("--qtype FILE needs --gguf FILE")
-            build(Path(tmp), a.qtype)
+            build(Path(tmp), _written(a.qtype))
             what = "Llama, Qwen2.5-0.5B shape, random weights, BF16"
+        for q in set(a.qtype) & set(MIXES):  # llama.cpp's own mix of formats per layer, from the BF16 file
+            if not a.llama_quantize:
+                raise SystemExit(f"--qtype {q} needs --llama-quantize PATH")
+            subprocess.run([a.llama_quantize, str(Path(tmp) / "model-bf16.gguf"), str(Path(tmp) / f"model-{q.lower()}.gguf"),
+                            q, str(a.threads)], check=True, capture_output=True)
         ours = [(q, act) for q in a.qtype for act in (a.activations if q != "BF16" else ["float32"])]
         runs = {key: [] for key in ours + [(q, "llamacpp") for q in a.qtype]}
         for _ in range(a.repeat):  # alternate, so slow drifts of the machine hit both sides

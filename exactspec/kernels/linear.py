@@ -40,7 +40,7 @@ def _tile_rows_impl(w):
     return lambda w: mr
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True)
 def _linear_block(x, w, bias, y, b, mode):
     # Output block b (NL columns of y) for every row of x (float rows, or for an integer-dot layout
     # actquant.acts's int8 rows), in tiles of at most _tile_rows(w) rows: each weight vector is read

@@ -127,34 +127,24 @@ def embed_rows(table: np.ndarray, tokens: np.ndarray, H: int) -> np.ndarray:
 
 
 @njit(inline="always")
-def _linear_all(xa, w, bias, y, mode):
-    # Every output block of w (gate/up pairs for SWIGLU), threads splitting the blocks.
-    for b in prange(w.shape[0] // 2 if mode == SWIGLU else w.shape[0]):
-        _linear_block(xa, w, bias, y, b, mode)
+def _blocks_at(w, i):
+    # Output blocks of layer i's weight of a Stack kind w = (a, alt, sel) (see _linear_at).
+    a, alt, sel = w
+    s = sel[i]
+    return a.shape[1] if s >= 0 else alt.shape[1]
 
 
-def _linear_at(xa, w, i, bias, y, mode):
-    """Layer i's weight of a Stack kind w = (a, alt, sel): a[sel[i]] if sel[i] >= 0, else alt[-1 - sel[i]]
-    (compiled code only)."""
-
-
-@overload(_linear_at, inline="always")
-def _linear_at_impl(xa, w, i, bias, y, mode):
-    if w[0] == w[1]:  # one format (alt has no layers): one parallel loop, one compiled tile
-        def one(xa, w, i, bias, y, mode):
-            a, alt, sel = w
-            s = sel[i]
-            _linear_all(xa, a[s] if s >= 0 else alt[-1 - s], bias, y, mode)
-        return one
-
-    def two(xa, w, i, bias, y, mode):  # two formats: a loop (and a tile) for each
-        a, alt, sel = w
-        s = sel[i]
-        if s >= 0:
-            _linear_all(xa, a[s], bias, y, mode)
-        else:
-            _linear_all(xa, alt[-1 - s], bias, y, mode)
-    return two
+@njit(inline="always")
+def _linear_at(xa, w, i, bias, y, b, mode):
+    # Block b of layer i's weight of a Stack kind w = (a, alt, sel): a[sel[i]] if sel[i] >= 0, else
+    # alt[-1 - sel[i]] (a kind's two formats). _linear_block is a function of its own, compiled once per
+    # weight type: one format's two branches share it.
+    a, alt, sel = w
+    s = sel[i]
+    if s >= 0:
+        _linear_block(xa, a[s], bias, y, b, mode)
+    else:
+        _linear_block(xa, alt[-1 - s], bias, y, b, mode)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -186,23 +176,35 @@ def _forward(rows, top, layers, dims, cache, logits):
     for i in range(L):  # acts: each linear's input as its tile takes it (int8 rows for integer-dot layouts)
         _rmsnorm(x, attn_norm[i], eps, h)
         ha = acts(h, wqkv[0], ab)  # (wv, when apart, is quantized as wqkv is: the same rows serve)
-        _linear_at(ha, wqkv, i, bqkv[i], qkv[:, :nqk], STORE)
+        yqk = qkv[:, :nqk]
+        for b in prange(_blocks_at(wqkv, i)):
+            _linear_at(ha, wqkv, i, bqkv[i], yqk, b, STORE)
         if wv[2].shape[0] > 0:
-            _linear_at(ha, wv, i, bv[i], qkv[:, nqk:], STORE)
+            yv = qkv[:, nqk:]
+            for b in prange(_blocks_at(wv, i)):
+                _linear_at(ha, wv, i, bv[i], yv, b, STORE)
         _qkv_rope_cache(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos, sin, table, slot, pos, kc[i], vc[i], q)
         for t in prange(R * Hq):
             _attend_task(t, q, kc[i], vc[i], table, slot, pos, scale, window, a3)
-        _linear_at(acts(a, wo[0], ab), wo, i, bo[i], x, ADD)
+        aa = acts(a, wo[0], ab)
+        for b in prange(_blocks_at(wo, i)):
+            _linear_at(aa, wo, i, bo[i], x, b, ADD)
         _rmsnorm(x, mlp_norm[i], eps, h)
-        _linear_at(acts(h, wgu[0], ab), wgu, i, bgu[i], act, SWIGLU)
-        _linear_at(acts(act, wdown[0], ab), wdown, i, bdown[i], x, ADD)
+        ha = acts(h, wgu[0], ab)
+        for c in prange(_blocks_at(wgu, i) // 2):
+            _linear_at(ha, wgu, i, bgu[i], act, c, SWIGLU)
+        acta = acts(act, wdown[0], ab)
+        for b in prange(_blocks_at(wdown, i)):
+            _linear_at(acta, wdown, i, bdown[i], x, b, ADD)
     n = out_rows.shape[0]
     hf = np.empty((n, H), np.float32)
     xs = np.empty((n, H), np.float32)
     for r in range(n):
         xs[r] = x[out_rows[r]]
     _rmsnorm(xs, norm, eps, hf)
-    _linear_all(acts(hf, head, ab), head, np.empty(0, np.float32), logits, STORE)
+    hfa = acts(hf, head, ab)
+    for b in prange(head.shape[0]):
+        _linear_block(hfa, head, np.empty(0, np.float32), logits, b, STORE)
     return logits
 
 
