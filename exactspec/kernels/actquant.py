@@ -15,7 +15,7 @@ order per output, groups g ascending from +0.0 (u: the layout's unsigned quants,
     q8_0i: acc = fma(f32(sum u*q - 128 s), f32(dw) * dx, acc)
     q4_0i, q5_0i: acc = fma(f32(sum u*q - 8 s (16 s)), f32(dw) * dx, acc)
     q4_1i, q5_1i: acc = fma(f32(sum u*q), f32(dw) * dx, acc); acc = fma(f32(m), dx * f32(s), acc)
-    q4_ki: acc = fma(f32(sum u*q), (f32(d) * f32(sc)) * dx, acc);
+    q4_ki, q5_ki: acc = fma(f32(sum u*q), (f32(d) * f32(sc)) * dx, acc);
            acc = fma(-(f32(dmin) * f32(mn)), dx * f32(s), acc)
     q6_ki: per 16 k's h = 0, 1: acc = fma(f32(sum (u - 32) * q), (f32(d) * f32(sc_h)) * dx, acc)
 `linear_int_ref` is that, in plain torch (int64 sums, `fma_ref`).

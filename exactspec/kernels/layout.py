@@ -18,10 +18,10 @@ class Format:
     4-bit: byte j of a k-row holds lane j in its low nibble and lane j + 16 in its high one; 5-bit: those
     nibbles, then per k-row 4 bytes whose bit j (little-endian) is lane j's bit 4; 6-bit: those, then as
     many for bit 5), then
-    NL float16 scales d, then (has_min) NL float16 minimums m, then (sub_scales, Q4_K) NL uint8 group
+    NL float16 scales d, then (has_min) NL float16 minimums m, then (sub_scales, Q4_K, Q5_K) NL uint8 group
     scales sc and NL uint8 group minimums mn, or (sc16, Q6_K) NL int8 scales of k's 0..15 and NL of
     k's 16..31. Dequantized weight: q8_0: f32(d) * f32(q) (q int8);
-    q4_0: f32(d) * f32(q - 8); q4_1: fma(f32(q), f32(d), f32(m)); q4_k: fma(f32(q), f32(d) * f32(sc),
+    q4_0: f32(d) * f32(q - 8); q4_1: fma(f32(q), f32(d), f32(m)); q4_k, q5_k: fma(f32(q), f32(d) * f32(sc),
     -(f32(m) * f32(mn))) -- every product is exact in float32 (at most 11 + 8 significant bits), so
     each is the gguf package's value (kernels/quant.py), and a sum rounds once whether fused or not."""
     name: str
@@ -82,7 +82,8 @@ class Format:
 
 
 _FLOAT = (Format("q8_0", 8, False), Format("q4_0", 4, False), Format("q4_1", 4, True), Format("q4_k", 4, True, True),
-          Format("q5_0", 5, False), Format("q5_1", 5, True), Format("q6_k", 6, False, sc16=True))
+          Format("q5_0", 5, False), Format("q5_1", 5, True), Format("q5_k", 5, True, True),
+          Format("q6_k", 6, False, sc16=True))
 # The integer-dot layouts ("q4_0i", ...): the same scales, minimums and group bytes; the quants of a
 # group in 8 quads of 4 k's, each quad lane-major with the lane's 4 k's adjacent (what one 32-bit lane
 # of an integer dot product takes): 8-bit: byte u*128 + 4*j + kk holds lane j, k = 4u + kk, as q + 128

@@ -1,6 +1,6 @@
 """GGUF block-quantized weights kept quantized: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (32 weights per block), Q4_K
-(256 weights per super-block, in 8 groups of 32 with their own 6-bit scale and minimum) and Q6_K (256
-weights per super-block, an int8 scale per 16).
+and Q5_K (256 weights per super-block, in 8 groups of 32 with their own 6-bit scale and minimum) and
+Q6_K (256 weights per super-block, an int8 scale per 16).
 
 A `Quantized` holds an (n, k) weight split into per-weight quants and per-block float16 scales (and
 Q4_1's and Q4_K's minimums; Q4_K's 6-bit group scales and minimums too), rows in our order. `dequantize` is the one definition of each weight's value,
@@ -15,6 +15,7 @@ computes it the same way in registers (tile.py, with the layout of layout.py):
                                              expression: the last product may round, once, the same)
     Q4_K: (f32(d) * f32(sc)) * f32(q) - f32(dmin) * f32(mn)   (sc, mn 6-bit per group; every product
                                              exact (11 + 6 + 4 bits), so one rounding, fused or not)
+    Q5_K: the same with q in 0..31           (11 + 6 + 5 bits: exact too)
 """
 from __future__ import annotations
 
@@ -25,10 +26,11 @@ import numpy as np
 from ..errors import UnsupportedModelError
 
 QK = 32  # weights per block (and per group of the packed kernel layout)
-FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_0", "q5_1", "q6_k")
+FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_0", "q5_1", "q5_k", "q6_k")
 # bytes of one GGUF block: float16 d, (float16 m), (Q5: 32 high bits), then the quants (Q4_K: see from_blocks)
 _BLOCK = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24}
-QK_K = 256  # weights per Q4_K super-block
+QK_K = 256  # weights per K-quant super-block
+_K_BLOCK = {"q4_k": 144, "q5_k": 176}  # bytes of a Q4_K / Q5_K super-block
 ZERO = {"q4_0": 8, "q5_0": 16, "q6_k": 32}  # the quant of weight 0 in the formats without a minimum
 QUANTIZERS = tuple(_BLOCK)  # formats the gguf package can quantize to (load(..., quantize=))
 
@@ -36,11 +38,11 @@ QUANTIZERS = tuple(_BLOCK)  # formats the gguf package can quantize to (load(...
 @dataclass(frozen=True)
 class Quantized:
     fmt: str  # one of FORMATS
-    q: np.ndarray  # (n, k): int8 (q8_0) or uint8 0..15 (4-bit formats), 0..31 (5-bit)
-    d: np.ndarray  # (n, k/32) float16 (q4_k: its super-block's d, for each of its groups)
-    m: np.ndarray | None = None  # (n, k/32) float16: q4_1's minimum; q4_k's super-block dmin
-    sc: np.ndarray | None = None  # (n, k/32) uint8 0..63, q4_k: the group's scale; (n, k/16) int8, q6_k
-    mn: np.ndarray | None = None  # (n, k/32) uint8 0..63, q4_k only: the group's minimum
+    q: np.ndarray  # (n, k): int8 (q8_0) or uint8 0..15 (4-bit formats), 0..31 (5-bit), 0..63 (q6_k)
+    d: np.ndarray  # (n, k/32) float16 (K-quants: its super-block's d, for each of its groups)
+    m: np.ndarray | None = None  # (n, k/32) float16: q4_1's, q5_1's minimum; q4_k's, q5_k's super-block dmin
+    sc: np.ndarray | None = None  # (n, k/32) uint8 0..63, q4_k, q5_k: the group's scale; (n, k/16) int8, q6_k
+    mn: np.ndarray | None = None  # (n, k/32) uint8 0..63, q4_k, q5_k: the group's minimum
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -62,7 +64,7 @@ class Quantized:
         elif self.fmt == "q6_k":
             s = (d.reshape(n, k // QK, 1, 1) * self.sc.astype(np.float32).reshape(n, k // QK, 2, 1))
             w = s * (q.astype(np.int8) - np.int8(ZERO["q6_k"])).astype(np.float32).reshape(n, k // QK, 2, QK // 2)
-        elif self.fmt == "q4_k":
+        elif self.fmt in ("q4_k", "q5_k"):
             s = d * self.sc.astype(np.float32)[:, :, None]
             c = self.m.astype(np.float32)[:, :, None] * self.mn.astype(np.float32)[:, :, None]
             w = s * q.astype(np.float32) - c
@@ -81,8 +83,8 @@ def concat(parts: list[Quantized]) -> Quantized:
 
 def from_blocks(raw: np.ndarray, fmt: str, n: int, k: int) -> Quantized:
     """GGUF blocks (uint8, as stored) of an (n, k) tensor -> Quantized."""
-    if fmt == "q4_k":
-        return _from_q4_k(raw, n, k)
+    if fmt in _K_BLOCK:
+        return _from_k(raw, fmt, n, k)
     if fmt == "q6_k":
         return _from_q6_k(raw, n, k)
     blocks = np.asarray(raw).view(np.uint8).reshape(n, k // QK, _BLOCK[fmt])
@@ -99,22 +101,27 @@ def from_blocks(raw: np.ndarray, fmt: str, n: int, k: int) -> Quantized:
     return Quantized(fmt, q.reshape(n, k), d, m)
 
 
-def _from_q4_k(raw: np.ndarray, n: int, k: int) -> Quantized:
+def _from_k(raw: np.ndarray, fmt: str, n: int, k: int) -> Quantized:
     """Q4_K super-blocks of 144 bytes: float16 d, float16 dmin, 12 bytes of packed 6-bit scales and
     minimums (unpacked by the gguf package's own `Q4_K.get_scale_min`), 128 bytes of quants: chunk j of
-    32 bytes holds group 2j in its low nibbles and group 2j + 1 in its high ones."""
+    32 bytes holds group 2j in its low nibbles and group 2j + 1 in its high ones. Q5_K (176 bytes): 32
+    bytes of high bits between the scales and the quants, bit g of byte i: bit 4 of group g's weight i."""
     from gguf.quants import Q4_K
     nb = k // QK_K
-    blocks = np.asarray(raw).view(np.uint8).reshape(n * nb, 144)
+    blocks = np.asarray(raw).view(np.uint8).reshape(n * nb, _K_BLOCK[fmt])
     sc, mn = Q4_K.get_scale_min(blocks[:, 4:16])  # (n*nb, 8) each
 
     def per_group(a):  # a super-block's value for each of its 8 groups
         return np.repeat(a.reshape(n, nb), 8, axis=1)
     d = per_group(blocks[:, 0:2].copy().view(np.float16))
     dmin = per_group(blocks[:, 2:4].copy().view(np.float16))
-    qs = blocks[:, 16:].reshape(n * nb, 4, 1, 32)
-    q = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(n, k)
-    return Quantized("q4_k", q, d, dmin, sc.reshape(n, k // QK).astype(np.uint8), mn.reshape(n, k // QK).astype(np.uint8))
+    qs = blocks[:, -128:].reshape(n * nb, 4, 1, 32)
+    q = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(n * nb, 8, 32)
+    if fmt == "q5_k":
+        qh = blocks[:, 16:48].reshape(n * nb, 1, 32)
+        q = q | (((qh >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1) << 4)
+    return Quantized(fmt, q.reshape(n, k), d, dmin, sc.reshape(n, k // QK).astype(np.uint8),
+                     mn.reshape(n, k // QK).astype(np.uint8))
 
 
 def _from_q6_k(raw: np.ndarray, n: int, k: int) -> Quantized:

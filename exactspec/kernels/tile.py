@@ -9,7 +9,7 @@ data contiguous, the blocks at any stride):
   of a float32);
 * quantized, in groups of QK = 32 k's: per block and group, the quants (k-major, lane-minor), then
   the lanes' float16 scales (and, Q4_1 and Q4_K, minimums; Q4_K, its 6-bit group scales and
-  minimums; Q6_K, an int8 scale per 16 k's): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K (layout.py). The weight the chain multiplies is the format's
+  minimums; Q6_K, an int8 scale per 16 k's): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (layout.py). The weight the chain multiplies is the format's
   dequantized value, computed in registers with one fixed expression (layout.Format's docstring);
   each is the gguf package's dequantization to the bit, so a quantized tile computes the same chains as the
   float32 tile on the dequantized weights.

@@ -9,16 +9,16 @@ import torch
 from exactspec import kernels as K
 from exactspec.kernels import cpu, layout, quant
 from exactspec.kernels.actquant import linear_int_ref, quantize_rows, quantize_rows_ref
-from exactspec.testing import q4_k_blocks, q6_k_blocks
+from exactspec.testing import q4_k_blocks, q5_k_blocks, q6_k_blocks
 
 FORMATS = quant.FORMATS
+KQ = {"q4_k": q4_k_blocks, "q5_k": q5_k_blocks, "q6_k": q6_k_blocks}  # super-blocks of 256
 
 
 def _weights(fmt: str, n: int, k: int, seed: int) -> quant.Quantized:
     rng = np.random.default_rng(seed)
-    if fmt in ("q4_k", "q6_k"):  # no quantizer in the gguf package: random valid blocks
-        blocks = q4_k_blocks if fmt == "q4_k" else q6_k_blocks
-        return quant.from_blocks(blocks(n, k, seed=seed), fmt, n, k)
+    if fmt in KQ:  # no quantizer in the gguf package: random valid blocks
+        return quant.from_blocks(KQ[fmt](n, k, seed=seed), fmt, n, k)
     w = rng.standard_normal((n, k)).astype(np.float32)
     w[: n // 3] += 3.0  # Q4_1 blocks with a large minimum
     return quant.quantize(w, fmt)
@@ -66,7 +66,7 @@ def test_a_block_that_is_not_finite_gives_nan_outputs_not_garbage():
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_integer_dot_layout_holds_the_same_weights(fmt):
-    k = 512 if fmt in ("q4_k", "q6_k") else 96
+    k = 512 if fmt in KQ else 96
     w = _weights(fmt, 70, k, 2)
     f, i = K.pack_quant(w), K.pack_quant(w, int_dot=True)
     assert i.fmt == fmt + "i" and i.int_dot and not f.int_dot
@@ -77,7 +77,7 @@ def test_integer_dot_layout_holds_the_same_weights(fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n,k,bias", [(77, 64, False), (100, 96, True), (32, 32, False)])
 def test_integer_dot_kernel_equals_its_integer_twin(fmt, n, k, bias):
-    k = k * 8 if fmt in ("q4_k", "q6_k") else k  # whole super-blocks of 256
+    k = k * 8 if fmt in KQ else k  # whole super-blocks of 256
     b = torch.randn(n, generator=torch.Generator().manual_seed(n)) if bias else None
     p = K.pack_quant(_weights(fmt, n, k, n), b, int_dot=True)
     M = 3 * cpu.MR_MAX + 2

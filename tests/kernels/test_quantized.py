@@ -12,26 +12,25 @@ import exactspec
 from exactspec import kernels as K
 from exactspec.kernels import quant
 from exactspec.kernels import layout
-from exactspec.testing import q4_k_blocks, q6_k_blocks, random_model
+from exactspec.testing import q4_k_blocks, q5_k_blocks, q6_k_blocks, random_model
 from tests.model.test_gguf import _ids, write_gguf
 
 FORMATS = quant.FORMATS
 TYPE = {f: getattr(gguf.GGMLQuantizationType, f.upper()) for f in FORMATS}
+KQ = {"q4_k": q4_k_blocks, "q5_k": q5_k_blocks, "q6_k": q6_k_blocks}  # super-blocks of 256
 
 
 def _blocks(w: np.ndarray, fmt: str) -> np.ndarray:
     """w in fmt's GGUF blocks: the gguf package's quantizer; Q4_K (none there): random valid blocks."""
-    if fmt == "q4_k":
-        return q4_k_blocks(*w.shape, seed=w.shape[0])
-    if fmt == "q6_k":
-        return q6_k_blocks(*w.shape, seed=w.shape[0])
+    if fmt in KQ:
+        return KQ[fmt](*w.shape, seed=w.shape[0])
     return gguf.quants.quantize(w, TYPE[fmt])
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_gguf_blocks_split_and_pack_without_loss(fmt):
     rng = np.random.default_rng(1)
-    k = 512 if fmt in ("q4_k", "q6_k") else 96
+    k = 512 if fmt in KQ else 96
     w = rng.standard_normal((70, k)).astype(np.float32) * np.logspace(-2, 2, k, dtype=np.float32)
     raw = _blocks(w, fmt)
     ref = gguf.quants.dequantize(raw, TYPE[fmt]).reshape(70, k)
@@ -47,7 +46,7 @@ def test_gguf_blocks_split_and_pack_without_loss(fmt):
 @pytest.mark.parametrize("n,k,bias", [(77, 64, False), (100, 96, True), (32, 32, False)])
 def test_quantized_linear_is_the_float_kernel_on_dequantized_weights(fmt, n, k, bias):
     rng = np.random.default_rng(n)
-    k = k * 8 if fmt in ("q4_k", "q6_k") else k  # whole super-blocks of 256
+    k = k * 8 if fmt in KQ else k  # whole super-blocks of 256
     w = rng.standard_normal((n, k)).astype(np.float32)
     w[: n // 3] += 3.0  # Q4_1 blocks with a large minimum: d * q + m rounds
     g = torch.Generator().manual_seed(n)
@@ -103,8 +102,9 @@ KINDS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight"
 # on down a huge residual, either of which int8 rounding's 0.5% per linear turns into 26% in the
 # logits. So q, k and down are from the model's weights or Q6_K's centred random blocks.)
 MIXED = {"attn_q.weight": "q4_0", "attn_k.weight": "q4_0", "blk.0.attn_v.weight": "q6_k", "blk.1.attn_v.weight": "q4_0",
-         "blk.0.attn_output.weight": "q5_0", "blk.1.attn_output.weight": "q4_0", "ffn_gate.weight": "q4_k",
-         "ffn_up.weight": "q4_k", "blk.0.ffn_down.weight": "q6_k", "blk.1.ffn_down.weight": "q5_1",
+         "blk.0.attn_output.weight": "q5_0", "blk.1.attn_output.weight": "q4_0", "blk.0.ffn_gate.weight": "q4_k",
+         "blk.0.ffn_up.weight": "q4_k", "blk.1.ffn_gate.weight": "q5_k", "blk.1.ffn_up.weight": "q5_k",
+         "blk.0.ffn_down.weight": "q6_k", "blk.1.ffn_down.weight": "q5_1",
          "token_embd.weight": "q5_1"}
 ALL_Q8 = dict.fromkeys(KINDS, "q8_0")
 
@@ -248,7 +248,7 @@ def test_quantized_weights_take_the_bytes_of_their_gguf_blocks(ckpt, fmt, bytes_
 def test_bad_quantize_and_dtype_are_named(ckpt):
     with pytest.raises(exactspec.UnsupportedModelError, match="quantize='q5_k'"):
         exactspec.load(ckpt("llama"), quantize="q5_k")
-    with pytest.raises(exactspec.UnsupportedModelError, match="quantize='q4_k' is not supported.*Q4_K, Q5_0, Q5_1, Q6_K weights are kept"):
+    with pytest.raises(exactspec.UnsupportedModelError, match="quantize='q4_k' is not supported.*Q4_K, Q5_0, Q5_1, Q5_K, Q6_K weights are kept"):
         exactspec.load(ckpt("llama"), quantize="q4_k")
     with pytest.raises(exactspec.UnsupportedModelError, match="rows of 48 values, not whole blocks of 32"):
         exactspec.load(ckpt("llama", hidden=48), quantize="q8_0")
