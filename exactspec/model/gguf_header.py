@@ -87,22 +87,36 @@ def _check(c: _Cursor, sizes, qtype) -> None:
         raise c.fail(f"kv_count {n_kv} key/value pairs")
     if n_tensors > (c.size - c.at) // 24:
         raise c.fail(f"tensor_count {n_tensors} tensors")
+    align = 32  # GGUF_DEFAULT_ALIGNMENT
     for _ in range(n_kv):
         key = c.string("a metadata key").decode("utf-8", "replace")
-        c.value(c.u32(f"{key}'s type"), key)
+        vtype = c.u32(f"{key}'s type")
+        if key == "general.alignment" and vtype == 4 and c.at + 4 <= c.size:
+            align = struct.unpack_from("<I", c.buf, c.at)[0]
+        c.value(vtype, key)
+    if not 1 <= align <= 1 << 20:
+        raise c.fail(f"metadata field 'general.alignment' is {align}")
+    data = []  # (name, offset, bytes) of each tensor
     for _ in range(n_tensors):
         name = c.string("a tensor name").decode("utf-8", "replace")
         n_dims = c.u32(f"tensor {name!r}'s n_dims")
         if not 1 <= n_dims <= MAX_DIMS:
             raise c.fail(f"tensor {name!r}: {n_dims} dimensions")
+        dims = [c.u64(f"tensor {name!r}'s shape") for _ in range(n_dims)]
         elements = 1
-        for _ in range(n_dims):
-            elements *= c.u64(f"tensor {name!r}'s shape")
+        for d in dims:
+            elements *= d
         t = c.u32(f"tensor {name!r}'s type")
         try:
             block, nbytes = sizes[qtype(t)]
         except (ValueError, KeyError):
             raise c.fail(f"tensor {name!r}: unknown type {t}") from None
+        if dims[0] % block:
+            raise c.fail(f"tensor {name!r}: rows of {dims[0]} values are not whole {qtype(t).name} blocks of {block}")
         if elements // block * nbytes > c.size:
             raise c.fail(f"tensor {name!r} claims {elements} elements")
-        c.u64(f"tensor {name!r}'s offset")
+        data.append((name, c.u64(f"tensor {name!r}'s offset"), elements // block * nbytes))
+    start = -(-c.at // align) * align  # the tensor data, aligned after the header
+    for name, offset, nbytes in data:
+        if start + offset + nbytes > c.size:
+            raise c.fail(f"tensor {name!r}: its {nbytes} bytes at data offset {offset} run past the end of the file")

@@ -197,6 +197,30 @@ def test_hostile_gguf_counts_are_named_before_anything_is_allocated(tmp_path, ca
             exactspec.load(path)
 
 
+@pytest.mark.parametrize("case,needle", [
+    ("type", r"tensor 'blk\.0\.ffn_down\.weight': unknown type 99"),
+    ("rows", r"tensor 'blk\.0\.ffn_down\.weight': rows of 176 values are not whole Q4_0 blocks of 32"),
+    ("truncated", r"tensor 'blk\.1\.ffn_down\.weight': its 6912 bytes at data offset \d+ run past the end of "
+                  r"the file")])
+def test_bad_tensors_are_named(tmp_path, case, needle):
+    """Issue 24: a tensor of an unknown type, rows that are not whole blocks, a file cut inside the
+    tensor data: each a CheckpointError naming the tensor (the gguf reader said "cannot reshape")."""
+    import struct
+    path = write_gguf(random_model("llama", hidden=64), tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q4_0)
+    raw = bytearray(path.read_bytes())
+    key = b"blk.0.ffn_down.weight"
+    at = raw.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)  # its n_dims, dims, type, offset
+    if case == "type":
+        struct.pack_into("<I", raw, at + 4 + 16, 99)
+    elif case == "rows":
+        struct.pack_into("<Q", raw, at + 4, 176)
+    else:
+        raw = raw[:-1000]
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=needle):
+        exactspec.load(path)
+
+
 def test_a_config_with_a_million_layers_is_refused_before_allocating(ckpt, tmp_path):
     import json
     import shutil
