@@ -105,6 +105,10 @@ def q6_k_blocks(n: int, k: int, seed: int) -> np.ndarray:
     return blocks.reshape(n, k // 256 * 210)
 
 
+# Random valid super-blocks of each K-quant, by format (the gguf package quantizes none of them).
+K_QUANT_BLOCKS = {"q4_k": q4_k_blocks, "q5_k": q5_k_blocks, "q6_k": q6_k_blocks}
+
+
 def make_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, dtype: torch.dtype = torch.float32,
                     tokenizer: bool = True, near_ties: bool = True, **kw) -> Path:
     folder.mkdir(parents=True, exist_ok=True)

@@ -257,16 +257,15 @@ class Stack:
             if w is None:  # no such weight: wqkv's type with no layers (one compiled tile serves)
                 w, per_layer = like.wqkv, ()
             two = 2 if name == "w_gate" else 1  # gate and up blocks interleaved
-            kinds = list(dict.fromkeys(per_layer)) or [w.fmt]
-            for suffix, layout in zip(("", "_alt"), kinds + kinds[:1]):
+            first = per_layer[0] if per_layer else w.fmt
+            alt = next((f for f in per_layer if f != first), first)  # the second format, or first again
+            n_first = per_layer.count(first)
+            for suffix, layout, count in (("", first, n_first), ("_alt", alt, len(per_layer) - n_first)):
                 shape, dt = packed_shape(w.n, w.k, layout)
-                want[name + suffix] = ((per_layer.count(layout) if suffix == "" or len(kinds) > 1 else 0,
-                                        two * shape[0]) + shape[1:], dt)
-            count = {f: 0 for f in kinds}
-            sel[name] = []
-            for f in per_layer:
-                sel[name].append(count[f] if f == kinds[0] else -1 - count[f])
-                count[f] += 1
+                want[name + suffix] = ((count, two * shape[0]) + shape[1:], dt)
+            # layer i: its index among the earlier layers of its format (the alt stack's as -1 - index)
+            sel[name] = [per_layer[:i].count(f) if f == first else -1 - per_layer[:i].count(f)
+                         for i, f in enumerate(per_layer)]
             want["b_" + name] = ((len(per_layer), w.bias.shape[0] * two), np.dtype(np.float32))
             shapes[name] = (w.n, w.k)
         nbytes = sum(math.prod(shape) * dt.itemsize for shape, dt in want.values())

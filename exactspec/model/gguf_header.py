@@ -113,9 +113,10 @@ def _check(c: _Cursor, sizes, qtype) -> None:
             raise c.fail(f"tensor {name!r}: unknown type {t}") from None
         if dims[0] % block:
             raise c.fail(f"tensor {name!r}: rows of {dims[0]} values are not whole {qtype(t).name} blocks of {block}")
-        if elements // block * nbytes > c.size:
+        size = elements // block * nbytes
+        if size > c.size:
             raise c.fail(f"tensor {name!r} claims {elements} elements")
-        data.append((name, c.u64(f"tensor {name!r}'s offset"), elements // block * nbytes))
+        data.append((name, c.u64(f"tensor {name!r}'s offset"), size))
     start = -(-c.at // align) * align  # the tensor data, aligned after the header
     for name, offset, nbytes in data:
         if start + offset + nbytes > c.size:

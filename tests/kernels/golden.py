@@ -113,9 +113,9 @@ def record() -> dict:
                   quant.quantize((_ints(rngi, (77, 256), 0.3) + 0.7).numpy(), fmt))
             p = K.pack_quant(wq, int_dot=True)
             out[f"linear_{fmt}i"] = _sha(torch.cat([K.linear(x[:m], p) for m in range(1, 14)]))
-        from exactspec.testing import q5_k_blocks, q6_k_blocks
-        for fmt, blocks in (("q6_k", q6_k_blocks), ("q5_k", q5_k_blocks)):  # Q6_K: an int8 scale per 16 k's
-            wq = quant.from_blocks(blocks(77, 256, seed=6), fmt, 77, 256)
+        from exactspec.testing import K_QUANT_BLOCKS
+        for fmt in ("q6_k", "q5_k"):  # Q6_K: an int8 scale per 16 k's
+            wq = quant.from_blocks(K_QUANT_BLOCKS[fmt](77, 256, seed=6), fmt, 77, 256)
             for int_dot in (False, True):  # both paths
                 p = K.pack_quant(wq, int_dot=int_dot)
                 out[f"linear_{fmt}" + "i" * int_dot] = _sha(torch.cat([K.linear(x[:m], p) for m in range(1, 14)]))

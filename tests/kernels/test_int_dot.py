@@ -9,10 +9,9 @@ import torch
 from exactspec import kernels as K
 from exactspec.kernels import cpu, layout, quant
 from exactspec.kernels.actquant import linear_int_ref, quantize_rows, quantize_rows_ref
-from exactspec.testing import q4_k_blocks, q5_k_blocks, q6_k_blocks
+from exactspec.testing import K_QUANT_BLOCKS as KQ  # super-blocks of 256
 
 FORMATS = quant.FORMATS
-KQ = {"q4_k": q4_k_blocks, "q5_k": q5_k_blocks, "q6_k": q6_k_blocks}  # super-blocks of 256
 
 
 def _weights(fmt: str, n: int, k: int, seed: int) -> quant.Quantized:

@@ -12,12 +12,11 @@ import exactspec
 from exactspec import kernels as K
 from exactspec.kernels import quant
 from exactspec.kernels import layout
-from exactspec.testing import q4_k_blocks, q5_k_blocks, q6_k_blocks, random_model
+from exactspec.testing import K_QUANT_BLOCKS as KQ, random_model
 from tests.model.test_gguf import _ids, write_gguf
 
 FORMATS = quant.FORMATS
 TYPE = {f: getattr(gguf.GGMLQuantizationType, f.upper()) for f in FORMATS}
-KQ = {"q4_k": q4_k_blocks, "q5_k": q5_k_blocks, "q6_k": q6_k_blocks}  # super-blocks of 256
 
 
 def _blocks(w: np.ndarray, fmt: str) -> np.ndarray:

@@ -11,7 +11,7 @@ import torch
 
 import exactspec
 from exactspec.errors import CheckpointError, UnsupportedModelError, WeightError
-from exactspec.testing import q4_k_blocks, q5_k_blocks, q6_k_blocks, random_model
+from exactspec.testing import K_QUANT_BLOCKS, random_model
 
 
 def _permute(w: torch.Tensor, heads: int) -> torch.Tensor:  # as llama.cpp's converter stores llama q/k rows
@@ -66,9 +66,9 @@ def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", s
         elif qtype == gguf.GGMLQuantizationType.BF16:
             bits = t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
             w.add_tensor(name, bits, raw_dtype=qtype)
-        elif qtype.name in ("Q4_K", "Q5_K", "Q6_K"):  # no quantizer in the gguf package: random blocks
-            blocks = {"Q4_K": q4_k_blocks, "Q5_K": q5_k_blocks, "Q6_K": q6_k_blocks}[qtype.name]
-            w.add_tensor(name, blocks(*a.shape, seed=zlib.crc32(name.encode())), raw_dtype=qtype)
+        elif qtype.name.lower() in K_QUANT_BLOCKS:  # no quantizer in the gguf package: random blocks
+            blocks = K_QUANT_BLOCKS[qtype.name.lower()](*a.shape, seed=zlib.crc32(name.encode()))
+            w.add_tensor(name, blocks, raw_dtype=qtype)
         else:
             w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
 
