@@ -263,15 +263,16 @@ class Stack:
             for suffix, layout, count in (("", first, n_first), ("_alt", alt, len(per_layer) - n_first)):
                 shape, dt = packed_shape(w.n, w.k, layout)
                 want[name + suffix] = ((count, two * shape[0]) + shape[1:], dt)
-            # layer i: its index among the earlier layers of its format (the alt stack's as -1 - index)
-            sel[name] = [per_layer[:i].count(f) if f == first else -1 - per_layer[:i].count(f)
-                         for i, f in enumerate(per_layer)]
+            # layer i: its index among the earlier layers of its format (the alt stack's as -1 - index);
+            # linear in the layer count (a config may claim a million layers before the memory check)
+            is_first = np.array([f == first for f in per_layer], bool)
+            sel[name] = np.where(is_first, np.cumsum(is_first) - 1, -np.cumsum(~is_first))
             want["b_" + name] = ((len(per_layer), w.bias.shape[0] * two), np.dtype(np.float32))
             shapes[name] = (w.n, w.k)
         nbytes = sum(math.prod(shape) * dt.itemsize for shape, dt in want.values())
         ensure_fits(nbytes, f"the weights of {n_layers} layers", "num_hidden_layers")
         a = {name: np.empty(shape, dt) for name, (shape, dt) in want.items()}
-        a.update({"sel_" + name: np.array(s, np.int64) for name, s in sel.items()})
+        a.update({"sel_" + name: s.astype(np.int64) for name, s in sel.items()})
         work = sum(math.prod(shapes[n]) * (a["sel_" + n].shape[0] > 0) for n in _LINEARS) + like.w_up.n * like.w_up.k
         return Stack(a, shapes, work * n_layers)
 
