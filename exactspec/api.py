@@ -65,6 +65,12 @@ class Model:
                                   "prompts must be lists of token ids")
         return self.tokenizer.encode(prompt)
 
+    def encode_text(self, text: str) -> list[int]:
+        """Text as it continues a sequence: no special tokens (BOS) added."""
+        if self.tokenizer is None:
+            self.encode(text)  # the named error
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
 
@@ -112,8 +118,11 @@ class Model:
                 name: str = "prompt", limits: Limits | None = None, **sampling) -> Request:
         """A validated Request for this model (text encoded, its EOS ids unless ignore_eos), checked
         against `limits` (default: the model's own). `sampling`: make_request's arguments (params, or
-        temperature, top_k, ... seed; stop, num_draft_tokens, logprobs, logprobs_mode)."""
+        temperature, top_k, ... seed; stop, num_draft_tokens, logprobs, logprobs_mode, cache_scope,
+        prediction: text, encoded without special tokens, or token ids)."""
         eos = () if ignore_eos else self.eos_token_ids
+        if isinstance(sampling.get("prediction"), str):
+            sampling["prediction"] = self.encode_text(sampling["prediction"])
         return make_request(limits or self.net.limits, self.encode(prompt), max_new_tokens, eos=eos, name=name,
                             **sampling)
 
@@ -128,25 +137,33 @@ class Model:
                        temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                        repetition_penalty: float = 1.0, seed: int | None | Sequence[int | None] = 0,
                        logprobs: int | None = None, logprobs_mode: str = "raw",
+                       prediction: "None | str | Sequence[int] | Sequence[None | str | Sequence[int]]" = None,
                        on_text: Callable[[int, str], None] | None = None) -> list[GenerationResult]:
         """Decode a batch of prompts. `draft`: None (plain), "lookup" (prompt lookup), "pool" (prompt
         lookup, then the n-grams of the sequences this Model decoded before) or another Model sharing
         the tokenizer. The token ids never depend on draft, num_draft_tokens or
         the batch: only on the prompt, the sampling parameters and the seed. max_new_tokens=None:
         up to the context. seed=None: greedy ignores it; sampling draws a fresh one, reported in
-        stats.seed so the run can be replayed. If decoding fails inside (not the caller's input), raises
+        stats.seed so the run can be replayed. `prediction`: the expected output (OpenAI's Predicted
+        Outputs: a file the answer edits), text or token ids, one for all prompts or a list with one per
+        prompt; proposed as drafts (beside `draft`'s), so it changes the speed only. If decoding fails inside (not the caller's input), raises
         GenerationError (its `.results` hold every sequence's result, the others complete)."""
         if isinstance(prompts, (str, bytes)):
             raise InvalidRequest("generate_batch takes a list of prompts; use generate for one", "prompts")
         seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
             raise InvalidRequest(f"seed: {len(seeds)} seeds for {len(prompts)} prompts", "seed")
+        preds = list(prediction) if isinstance(prediction, (list, tuple)) and prediction and \
+            not isinstance(prediction[0], int) else [prediction] * len(prompts)
+        if len(preds) != len(prompts):
+            raise InvalidRequest(f"prediction: {len(preds)} predictions for {len(prompts)} prompts", "prediction")
         drafter = self.make_drafter(draft, draft_confidence, lookup_max_ngram)
         params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed=None)
         reqs = [self.request(p, max_new_tokens, params=dataclasses.replace(params, seed=sd), ignore_eos=ignore_eos,
                              num_draft_tokens=num_draft_tokens if drafter is not None else 0, logprobs=logprobs,
-                             logprobs_mode=logprobs_mode, name="prompt" if len(prompts) == 1 else f"prompt {i}")
-                for i, (p, sd) in enumerate(zip(prompts, seeds))]
+                             logprobs_mode=logprobs_mode, name="prompt" if len(prompts) == 1 else f"prompt {i}",
+                             prediction=pr if pr is not None else ())
+                for i, (p, sd, pr) in enumerate(zip(prompts, seeds, preds))]
         streams = [StreamDecoder(self.tokenizer) for _ in reqs] if on_text and self.tokenizer else None
 
         def stream(i: int, new: list[int]) -> None:

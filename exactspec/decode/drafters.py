@@ -66,6 +66,26 @@ class LookupDrafter(Drafter):
         return []
 
 
+def from_prediction(pred: Sequence[int], out: Sequence[int], k: int, max_ngram: int = 4) -> list[int]:
+    """Predicted Outputs (OpenAI's `prediction`): up to k tokens of the caller's guess at the output,
+    from where the output stands in it. The output's last n tokens (n = max_ngram down to 1) are found
+    in the prediction; of their occurrences, the one ending nearest len(out) (edits shift the output
+    against the prediction a little; a repeated line must not send the draft back to its first
+    copy). Before the first token: the prediction's start. Nothing found: no draft."""
+    if k <= 0 or not pred:
+        return []
+    if not out:
+        return list(pred[:k])
+    p, o = np.asarray(pred, dtype=np.int64), np.asarray(out[-max_ngram:], dtype=np.int64)
+    for n in range(min(max_ngram, len(o), len(p) - 1), 0, -1):
+        win = np.lib.stride_tricks.sliding_window_view(p[:-1], n)  # n-grams with a token after them
+        ends = np.flatnonzero((win == o[len(o) - n:]).all(axis=1)) + n
+        if ends.size:
+            i = int(ends[np.argmin(np.abs(ends - len(out)))])
+            return p[i: i + k].tolist()
+    return []
+
+
 class NgramPool:
     """Token sequences that finished (prompts and outputs of every request), indexed by their
     n-grams (n = max_ngram down to min_ngram): for a suffix, the tokens that followed it in the newest

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from .drafters import Drafter
+from .drafters import Drafter, from_prediction
 from ..errors import GenerationError, InvalidRequest
 from ..kernels.attention import BLOCK
 from ..model.prefix import PrefixCache
@@ -40,6 +40,8 @@ class Stats:
     time_to_first_token: float = 0.0  # seconds from joining the batch to its first token
     wall_time: float = 0.0  # seconds from joining the batch to finishing (or being cancelled)
     cached_tokens: int = 0  # prompt tokens whose keys came from the prefix cache
+    prediction_accepted: int = 0  # draft tokens taken from the request's prediction and accepted
+    prediction_rejected: int = 0  # ... and rejected
     seed: int | None = None  # the sampling seed used (temperature > 0), so a run with seed=None replays
     proposed_at: list[int] = field(default_factory=list)  # [i]: steps that proposed a draft token at offset i
     accepted_at: list[int] = field(default_factory=list)  # [i]: ... and had it accepted
@@ -110,6 +112,7 @@ class SeqState:
     stats: Stats = field(default_factory=Stats)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if the request asks
     skip: int = 0  # steps to go without drafting (DraftLength.pause)
+    predicted: bool = False  # this step's drafts came from the request's prediction
     backoff: int = 1  # the next pause's length
 
     @property
@@ -166,7 +169,7 @@ class Batch:
         """Join the batch (prefilled at the next step). The request was validated by make_request."""
         if not self._free:
             raise GenerationError("Batch.add: no free slot (check has_room first)")
-        k = req.draft_len.k0 if self.drafter is not None else 0
+        k = req.draft_len.k0 if self.drafter is not None or req.prediction else 0
         s = SeqState(req, self._free.pop(), list(req.prompt), k, tag)
         s.stats.prompt_tokens, s.stats.seed = len(req.prompt), req.params.seed if not req.params.greedy else None
         self.stats.sequences += 1
@@ -226,18 +229,24 @@ class Batch:
 
     # -- the steps of `step` ------------------------------------------------------------------
     def _propose(self, old: list[SeqState]) -> list[list[int]]:
-        """Draft tokens for each running sequence. Never past the token budget or the cache: the
-        verify yields up to k + 1 tokens."""
+        """Draft tokens for each running sequence: the drafter's, or the request's prediction where it
+        offers at least as many. Never past the token budget or the cache: the verify yields up to
+        k + 1 tokens."""
         ks = [0 if s.skip else max(0, min(s.k, s.req.max_new_tokens - len(s.generated) - 1,
                                           self.capacity - len(s.tokens) - 1)) for s in old]
         for s in old:
             s.skip = max(0, s.skip - 1)
-        if self.drafter is None or not any(ks):
-            return [[] for _ in old]
-        before = self.drafter.forward_passes
-        drafts = self.drafter.propose([s.slot for s in old], [s.tokens for s in old], ks,
-                                      [s.req.params for s in old])
-        self.stats.draft_forward_passes += self.drafter.forward_passes - before
+        drafts: list[list[int]] = [[] for _ in old]
+        if self.drafter is not None and any(ks):
+            before = self.drafter.forward_passes
+            drafts = self.drafter.propose([s.slot for s in old], [s.tokens for s in old], ks,
+                                          [s.req.params for s in old])
+            self.stats.draft_forward_passes += self.drafter.forward_passes - before
+        for i, (s, k) in enumerate(zip(old, ks)):
+            guess = from_prediction(s.req.prediction, s.generated, k) if s.req.prediction else []
+            s.predicted = bool(guess) and len(guess) >= len(drafts[i])
+            if s.predicted:
+                drafts[i] = guess
         return drafts
 
     def _rows(self, new: list[SeqState], old: list[SeqState], drafts: list[list[int]]) -> Rows:
@@ -303,6 +312,9 @@ class Batch:
             while a < len(d) and d[a] == choice[a]:
                 a += 1
             s.stats.count_step(len(d), a)
+            if s.predicted:
+                s.stats.prediction_accepted += a
+                s.stats.prediction_rejected += len(d) - a
             s.k = s.req.draft_len.update(s.k, len(d), a)
             if d:
                 s.skip, s.backoff = s.req.draft_len.pause(len(d), a, s.backoff)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ..errors import ContextLengthError, InvalidRequest
 from ..model.config import Limits
@@ -67,6 +67,7 @@ class Request:
     logprobs: int | None = None  # per generated token: its logprob and this many alternatives; None = off
     logprobs_mode: str = "raw"  # "raw": of the model's logits; "processed": after the sampling filters
     cache_scope: str = ""  # the prefix cache shares blocks among requests of one scope only (a tenant)
+    prediction: tuple[int, ...] = ()  # the caller's guess at the output (OpenAI's Predicted Outputs): drafts
 
 
 def _int(name: str, v, lo: int = 0) -> int:
@@ -107,12 +108,14 @@ def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 
                  params: SamplingParams | None = None, *, eos: Iterable[int] = (),
                  stop: str | Iterable[str] | None = None, num_draft_tokens: int | str = 0,
                  logprobs: int | None = None, logprobs_mode: str = "raw", name: str = "prompt", cache_scope: str = "",
-                 **sampling) -> Request:
+                 prediction: Sequence[int] = (), **sampling) -> Request:
     """A validated Request, or InvalidRequest naming the field. max_new_tokens=None: as many as the
     context holds. The sampling parameters: `params` (one SamplingParams), or its fields as keywords
     (temperature, top_k, top_p, min_p, repetition_penalty, seed). seed=None: greedy ignores it;
     sampling draws a fresh one (kept in the Request's params, reported in the result's stats) so the
-    run can be replayed."""
+    run can be replayed. `prediction`: token ids the output is expected to repeat (a file being edited),
+    proposed as drafts, so only speed depends on it; with num_draft_tokens 0 the draft length is then
+    dynamic."""
     if max_new_tokens is not None:
         _int("max_new_tokens", max_new_tokens)
     ids = check_prompt(prompt, limits, name, 1 if max_new_tokens is None else max_new_tokens)
@@ -139,8 +142,10 @@ def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 
         raise InvalidRequest(f"logprobs_mode={logprobs_mode!r}: 'raw' or 'processed'", "logprobs_mode")
     if not isinstance(cache_scope, str):
         raise InvalidRequest(f"cache_scope={cache_scope!r}: must be a string", "cache_scope")
-    return Request(ids, params, max_new_tokens, eos_ids, tuple(s for s in stops if s), DraftLength(num_draft_tokens),
-                   logprobs, logprobs_mode, cache_scope)
+    predicted = check_prompt(prediction, limits, "prediction") if len(prediction) else ()
+    k = num_draft_tokens if num_draft_tokens or not predicted else "dynamic"
+    return Request(ids, params, max_new_tokens, eos_ids, tuple(s for s in stops if s), DraftLength(k),
+                   logprobs, logprobs_mode, cache_scope, predicted)
 
 
 def _params(sampling: dict) -> SamplingParams:

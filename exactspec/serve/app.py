@@ -89,7 +89,7 @@ class Server:
             else ""
 
     def _requests(self, r: _Sampling, prompt: list[int], max_tokens: int | None, count: int,
-                  logprobs: int | None, scope: str = "", name: str = "prompt") -> list[Request]:
+                  logprobs: int | None, scope: str = "", name: str = "prompt", prediction: str = "") -> list[Request]:
         """The validated Requests of one body (400 naming the field otherwise): `count` candidates,
         the i-th with seed + i (seed None: a fresh base, reported nowhere but reproducible per choice)."""
         base = r.seed if r.seed is not None else (secrets.randbits(62) if r.temperature else 0)
@@ -97,7 +97,7 @@ class Server:
         return [self.model.request(prompt, max_tokens, params=dataclasses.replace(params, seed=base + i),
                                    ignore_eos=r.ignore_eos, stop=r.stop, num_draft_tokens=self.num_draft_tokens,
                                    limits=self.limits, logprobs=logprobs, logprobs_mode=self.opts.logprobs_mode,
-                                   cache_scope=scope, name=name)
+                                   cache_scope=scope, name=name, prediction=prediction)
                 for i in range(count)]
 
     def _check_body(self, r: _Sampling, best_of: int) -> None:
@@ -120,7 +120,8 @@ class Server:
 
     def _chat_prompt(self, r: ChatRequest) -> list[int]:
         """Template rendering and tokenizing, in a worker thread (both can be slow)."""
-        messages = [{"role": msg.role, "content": msg.text()} for msg in r.messages]
+        messages = [{"role": msg.role, "content": msg.text(), **({"name": msg.name} if msg.name else {})}
+                    for msg in r.messages]
         text = chat.render(self.model.tokenizer.config, messages, max_chars=self.opts.max_prompt_chars)
         return self.model.tokenizer.encode(text, add_special_tokens=False)
 
@@ -228,8 +229,11 @@ class Server:
                 raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
             prompt = await asyncio.to_thread(self._chat_prompt, r)
             limit = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens  # 0 is a limit
+            if len(r.predicted()) > self.opts.max_prompt_chars:
+                raise APIError(400, f"prediction: more than {self.opts.max_prompt_chars} characters", param="prediction")
             reqs = await asyncio.to_thread(self._requests, r, prompt, limit, r.n,
-                                           (r.top_logprobs or 0) if r.logprobs else None, self._scope(r, http))
+                                           (r.top_logprobs or 0) if r.logprobs else None, self._scope(r, http),
+                                           prediction=r.predicted())
             return await self._respond("chat", r, reqs, http, r.logprobs)
 
         return Guard(BodyLimit(app, opts.max_body_bytes), opts, m, lambda: self.draining_since is not None)

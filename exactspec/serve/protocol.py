@@ -7,6 +7,7 @@ request.make_request, and come back here as InvalidRequest to be shaped into a 4
 from __future__ import annotations
 
 import json
+import secrets
 
 from typing import Literal
 
@@ -60,8 +61,14 @@ def _utf8(v):
     return v
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool | None = None  # a last chunk with the usage
+    include_obfuscation: bool | None = None  # random padding in each chunk (OpenAI's default; ours: off)
+
+
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="allow")  # unknown fields are ignored, as OpenAI's API does
+    model_config = ConfigDict(extra="allow")  # kept to be named: refuse_unsupported refuses what it does not know
 
     _check_stop = field_validator("stop")(_utf8)
     model: str | None = None
@@ -74,7 +81,7 @@ class _Sampling(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
-    stream_options: dict | None = None
+    stream_options: StreamOptions | None = None
     n: int = 1
     ignore_eos: bool = False  # vLLM's extension: keep going past EOS until max_tokens
     cache_salt: str | None = Field(None, max_length=256)  # vLLM's: the prefix cache shares only within one salt
@@ -82,7 +89,11 @@ class _Sampling(BaseModel):
 
     @property
     def include_usage(self) -> bool:
-        return bool((self.stream_options or {}).get("include_usage"))
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def obfuscate(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_obfuscation)
 
     def params(self) -> SamplingParams:
         """The body's sampling parameters (checked: InvalidRequest naming the field); seed as sent."""
@@ -105,7 +116,7 @@ class CompletionRequest(_Sampling):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow")  # an image part's fields: named in the refusal below
     type: str
     text: str | None = None
     _check_text = field_validator("text")(_utf8)
@@ -116,20 +127,45 @@ class ContentPart(BaseModel):
             raise ValueError(f"content parts of type {self.type!r} are not supported (text only)")
         if self.text is None:
             raise ValueError("a content part of type 'text' needs a string 'text'")
+        if self.model_extra:
+            raise ValueError(f"a text part has 'type' and 'text' only, not {', '.join(map(repr, self.model_extra))}")
         return self
 
 
+def _text(content: str | list[ContentPart] | None) -> str:
+    """A content as text: a string, or the text parts of [{"type": "text", "text": ...}, ...]."""
+    return "".join(p.text or "" for p in content) if isinstance(content, list) else content or ""
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant"]  # tool messages: tools are not supported
     content: str | list[ContentPart] | None = None
-    _check_content = field_validator("content")(_utf8)
+    name: str | None = Field(None, max_length=256)  # given to the chat template, as transformers does
+    _check_content = field_validator("content", "name")(_utf8)
+    # an assistant turn's tool calls, audio and refusal: refused when set (no tools, no audio here)
+    tool_calls: list | None = None
+    function_call: dict | None = None
+    audio: dict | None = None
+    refusal: str | None = None
+
+    @model_validator(mode="after")
+    def _no_tool_turns(self) -> "ChatMessage":
+        for f in ("tool_calls", "function_call", "audio", "refusal"):
+            if getattr(self, f) is not None:
+                raise ValueError(f"'{f}' in a message is not supported by this server")
+        return self
 
     def text(self) -> str:
-        """The content as text: a string, or the text parts of [{"type": "text", "text": ...}, ...]."""
-        if isinstance(self.content, list):
-            return "".join(p.text or "" for p in self.content if p.type == "text")
-        return self.content or ""
+        return _text(self.content)
+
+
+class Prediction(BaseModel):
+    """OpenAI's Predicted Outputs: text the answer is expected to repeat (a file it edits). Drafts."""
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["content"]
+    content: str | list[ContentPart]
+    _check_content = field_validator("content")(_utf8)
 
 
 class ChatRequest(_Sampling):
@@ -137,27 +173,39 @@ class ChatRequest(_Sampling):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None  # alternatives per token (<= 20), with logprobs=true
+    prediction: Prediction | None = None  # honoured: its tokens are drafts (usage counts them)
+
+    def predicted(self) -> str:
+        return _text(self.prediction.content) if self.prediction is not None else ""
 
 
-# OpenAI fields we cannot honour: refused when set, rather than silently ignored.
+# OpenAI fields that say who asks or steer OpenAI's own storage and caching: they change no output,
+# so they are accepted and not used (the prefix cache here is keyed by the exact tokens).
+INFORMATIONAL = {"user", "metadata", "safety_identifier", "prompt_cache_key", "prompt_cache_retention"}
+# OpenAI fields we cannot honour: accepted at their defaults, refused when set (never silently ignored).
 UNSUPPORTED = {"suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
                "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
                "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-               "function_call": (None, "none"), "parallel_tool_calls": (None,)}
+               "function_call": (None, "none"), "parallel_tool_calls": (None,), "store": (None, False),
+               "service_tier": (None, "auto", "default"), "modalities": (None, ["text"]), "audio": (None,),
+               "reasoning_effort": (None,), "verbosity": (None,), "web_search_options": (None,)}
 
 
 def refuse_unsupported(r: BaseModel) -> None:
-    for name, defaults in UNSUPPORTED.items():
-        v = (r.model_extra or {}).get(name)
-        if v not in defaults:
+    """400 for a field set to what we cannot honour, and for a field OpenAI's API does not define
+    (as OpenAI answers: a misspelt `temprature` must not pass as the default)."""
+    for name, v in (r.model_extra or {}).items():
+        if name in UNSUPPORTED and v not in UNSUPPORTED[name]:
             raise APIError(400, f"{name}={v!r} is not supported by this server", param=name)
+        if name not in UNSUPPORTED and name not in INFORMATIONAL:
+            raise APIError(400, f"Unrecognized request argument supplied: {name}", param=name)
 
 
 class Shapes:
     """Response bodies of one request: a whole completion, or its stream of chunks."""
 
-    def __init__(self, kind: str, rid: str, created: int, model: str):
-        self.kind, self.rid, self.created, self.model = kind, rid, created, model
+    def __init__(self, kind: str, rid: str, created: int, model: str, obfuscate: bool = False):
+        self.kind, self.rid, self.created, self.model, self.obfuscate = kind, rid, created, model, obfuscate
 
     def choice(self, text: str, finish: str | None, delta: bool, index: int = 0, logprobs: dict | None = None) -> dict:
         if self.kind == "chat":
@@ -179,6 +227,8 @@ class Shapes:
                 "choices": [] if usage is not None else [self.choice(text, finish, True, index, logprobs)]}
         if usage is not None:
             body["usage"] = usage
+        if self.obfuscate:  # OpenAI's stream_options.include_obfuscation: chunk sizes no longer tell the text's
+            body["obfuscation"] = secrets.token_urlsafe(secrets.randbelow(12) + 1)
         return sse(body)
 
 
@@ -189,11 +239,15 @@ def sse(payload: dict) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    """OpenAI's usage object; cached_tokens: prompt tokens whose keys came from the prefix cache."""
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, predicted: tuple[int, int] = (0, 0)) \
+        -> dict:
+    """OpenAI's usage object; cached_tokens: prompt tokens whose keys came from the prefix cache;
+    predicted: the prediction's draft tokens (accepted, rejected) by the target."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": predicted[0],
+                                          "rejected_prediction_tokens": predicted[1]}}
 
 
 def completion_logprobs(tokens: list[str], logprobs: list[float | None], tops: list[dict | None] | None,

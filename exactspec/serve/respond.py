@@ -35,6 +35,7 @@ class Generation:
         self.lp: list = []  # TokenLogprobs of the tokens received, when the request asks for them
         self.completion_tokens = 0  # tokens this client was given (up to a stop string)
         self.cached_tokens = 0  # prompt tokens that came from the prefix cache
+        self.predicted = (0, 0)  # the prediction's draft tokens accepted, rejected
         self.first_token_at: float | None = None
         self.finish_reason: str | None = None
 
@@ -80,7 +81,9 @@ class Generation:
                 if ev.error is not None:
                     raise APIError(500, str(ev.error), "server_error")
                 if ev.finish_reason is not None:
-                    self.cached_tokens = ev.stats.cached_tokens if ev.stats is not None else 0
+                    if ev.stats is not None:
+                        self.cached_tokens = ev.stats.cached_tokens
+                        self.predicted = (ev.stats.prediction_accepted, ev.stats.prediction_rejected)
                     text, hit = stop.feed(dec.flush())
                     text += "" if hit else stop.flush()
                     if text:
@@ -117,7 +120,7 @@ class Reply:
         self.prompt_text = app.model.decode(self.prompt) if echo else ""
         self.echo, self.prompt_lps = echo, prompt_lps
         self.shapes = Shapes(kind, ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex, int(time.time()),
-                             app.name)
+                             app.name, r.obfuscate)
 
     async def send(self, http: HTTPRequest):
         if self.reqs[0].max_new_tokens == 0:  # scoring only (echo): nothing to generate
@@ -147,8 +150,7 @@ class Reply:
         choices = [self.shapes.choice(self.prompt_text + texts[i], gens[i].finish_reason, False, j,
                                       self._logprobs(gens[i].lp, self.prompt_lps, 0) if self.want_lp else None)
                    for j, i in enumerate(order)]
-        return JSONResponse(self.shapes.whole(choices, usage(len(self.prompt), sum(g.completion_tokens for g in gens),
-                                                             gens[0].cached_tokens)))
+        return JSONResponse(self.shapes.whole(choices, _usage(self.prompt, gens)))
 
     async def stream(self, gens: list[Generation]) -> StreamingResponse:
         chunks = _Chunks(self, gens)
@@ -260,10 +262,13 @@ class _Chunks:
 
     def end(self) -> list[bytes]:
         rp = self.reply
-        tail = [rp.shapes.chunk(usage=usage(len(rp.prompt), sum(g.completion_tokens for g in self.gens),
-                                            self.gens[0].cached_tokens))] \
-            if rp.r.include_usage else []
+        tail = [rp.shapes.chunk(usage=_usage(rp.prompt, self.gens))] if rp.r.include_usage else []
         return tail + [DONE]
+
+
+def _usage(prompt: list[int], gens: list[Generation]) -> dict:
+    return usage(len(prompt), sum(g.completion_tokens for g in gens), gens[0].cached_tokens,
+                 (sum(g.predicted[0] for g in gens), sum(g.predicted[1] for g in gens)))
 
 
 def error_event(e: Exception) -> bytes:

@@ -115,7 +115,7 @@ def test_bad_requests_get_openai_errors_and_server_keeps_serving(server, body, s
     assert ok.status_code == 200
 
 
-def test_unknown_fields_are_ignored_and_defaults_of_unsupported_ones_accepted(server):
+def test_informational_fields_and_defaults_of_unsupported_ones_are_accepted(server):
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2, "user": "me",
                                                          "logprobs": None, "echo": False, "frequency_penalty": 0},
                    timeout=120)
