@@ -11,12 +11,12 @@ from .errors import ExactSpecError, InvalidRequest
 
 
 def _draft_len(v: str) -> int | str:
-    if v == "dynamic":
+    if v in ("dynamic", "auto"):
         return v
     try:
         return int(v)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--num-draft-tokens {v!r}: an integer >= 0 or 'dynamic'") from None
+        raise argparse.ArgumentTypeError(f"--num-draft-tokens {v!r}: an integer >= 0, 'dynamic' or 'auto'") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), 'lookup' for prompt lookup, or "
                    "'pool' (prompt lookup, then the n-grams of earlier requests)")
     g.add_argument("--draft-dtype", default=None, choices=["auto", "float32", "bfloat16"], help="default: --dtype")
-    g.add_argument("--num-draft-tokens", type=_draft_len, default=4, help="k, or 'dynamic'")
+    g.add_argument("--num-draft-tokens", type=_draft_len, default=4, help="k, 'dynamic' or 'auto' (by measured cost)")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)

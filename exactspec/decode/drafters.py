@@ -16,6 +16,7 @@ import numpy as np
 from .. import kernels as K
 from ..errors import InvalidRequest
 from ..model.transformer import Rows, Transformer
+from .cost import one_row_seconds
 from .sampling import SamplingParams, pick
 
 
@@ -35,6 +36,10 @@ class Drafter:
 
     def release(self, slot: int) -> None:
         pass
+
+    def cost_per_token(self, target: Transformer) -> float:
+        """Drafting one token, in units of one target forward of one row (lookups: nothing)."""
+        return 0.0
 
 
 class LookupDrafter(Drafter):
@@ -176,6 +181,9 @@ class DraftModelDrafter(Drafter):
         self.cache = self.model.new_cache(n_slots, capacity)
         self.cached: list[list[int]] = [[] for _ in range(n_slots)]  # token ids whose keys are in the cache
         self.known: list[int] = [0] * n_slots  # cached[:known] is a committed prefix (committed ids never change)
+
+    def cost_per_token(self, target: Transformer) -> float:
+        return one_row_seconds(self.model) / one_row_seconds(target)
 
     def release(self, slot: int) -> None:
         self.cached[slot].clear()

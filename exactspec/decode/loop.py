@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from .cost import PAUSE_MAX, Acceptance, best_k, verify_costs
 from .drafters import Drafter, from_prediction
 from ..errors import GenerationError, InvalidRequest
 from ..kernels.attention import BLOCK
@@ -113,6 +114,7 @@ class SeqState:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if the request asks
     skip: int = 0  # steps to go without drafting (DraftLength.pause)
     predicted: bool = False  # this step's drafts came from the request's prediction
+    acceptance: Acceptance = field(default_factory=Acceptance)  # recent, for num_draft_tokens="auto"
     backoff: int = 1  # the next pause's length
 
     @property
@@ -154,6 +156,7 @@ class Batch:
         self._free = list(range(n_slots - 1, -1, -1))
         self.seqs: list[SeqState] = []
         self.stats = BatchStats()
+        self._costs, self._per_draft = None, 0.0  # verify costs and a draft token's, for num_draft_tokens="auto"
         if drafter is not None:
             drafter.begin(n_slots, self.capacity)
 
@@ -318,8 +321,23 @@ class Batch:
             s.k = s.req.draft_len.update(s.k, len(d), a)
             if d:
                 s.skip, s.backoff = s.req.draft_len.pause(len(d), a, s.backoff)
+                if s.req.draft_len.auto:
+                    self._auto_k(s, len(d), a)
             out.append((s, self._commit(s, d[:a] + [choice[a]], rows)))
         return out
+
+    def _auto_k(self, s: SeqState, proposed: int, accepted: int) -> None:
+        """num_draft_tokens="auto": the next k by cost (decode/cost.py); none worth drafting: pause
+        1, 2, 4, ... steps, then probe with one draft token."""
+        s.acceptance.add(proposed, accepted)
+        if self._costs is None:  # measured once per model, at the first need
+            self._costs = verify_costs(self.target)
+            self._per_draft = self.drafter.cost_per_token(self.target) if self.drafter is not None else 0.0
+        k = best_k(s.acceptance.alpha, self._costs, 0.0 if s.predicted else self._per_draft, s.req.draft_len.max_k)
+        if k:
+            s.k, s.backoff = k, 1
+        else:
+            s.k, s.skip, s.backoff = 1, s.backoff, min(PAUSE_MAX, 2 * s.backoff)
 
     def _commit(self, s: SeqState, new: list[int], rows: torch.Tensor) -> list[int]:
         """Append tokens until a stop; returns the ones appended. rows[i]: the logits that predicted new[i]."""

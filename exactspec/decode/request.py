@@ -22,21 +22,25 @@ MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's API allows
 
 
 class DraftLength:
-    """How many tokens to ask the drafter for. Fixed k, or dynamic ("grow by 2 after a fully
+    """How many tokens to ask the drafter for. Fixed k; dynamic ("grow by 2 after a fully
     accepted draft, shrink by 1 after a rejection", as transformers' assisted generation does, and
-    pause drafting while one-token drafts keep failing: `pause`). The output never depends on it;
-    only speed does."""
+    pause drafting while one-token drafts keep failing: `pause`); or auto (by cost: the k that
+    maximizes expected tokens per unit of time from this model's measured verify cost and the
+    sequence's recent acceptance, decode/cost.py). The output never depends on it; only speed does."""
 
     def __init__(self, k: int | str = 0, max_k: int = 16):
-        if k == "dynamic":
-            self.dynamic, self.k0, self.max_k = True, 4, max_k
+        self.auto = k == "auto"  # by cost (decode/cost.py): the k with the most expected tokens per second
+        if k in ("dynamic", "auto"):
+            self.dynamic, self.k0, self.max_k = k == "dynamic", 4, max_k
         elif isinstance(k, int) and not isinstance(k, bool) and k >= 0:
             self.dynamic, self.k0, self.max_k = False, k, k
         else:
-            raise InvalidRequest(f"num_draft_tokens={k!r}: must be an integer >= 0 or 'dynamic'", "num_draft_tokens")
+            raise InvalidRequest(f"num_draft_tokens={k!r}: must be an integer >= 0, 'dynamic' or 'auto'",
+                                 "num_draft_tokens")
 
     def __repr__(self) -> str:
-        return "DraftLength('dynamic')" if self.dynamic else f"DraftLength({self.k0})"
+        return "DraftLength('dynamic')" if self.dynamic else "DraftLength('auto')" if self.auto else \
+            f"DraftLength({self.k0})"
 
     def update(self, k: int, proposed: int, accepted: int) -> int:
         if not self.dynamic or proposed == 0:

@@ -6,12 +6,13 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from scipy.stats import chisquare
 
 import exactspec
+from exactspec.decode.cost import Acceptance, best_k, verify_costs
 from exactspec.decode.drafters import LookupDrafter
 from exactspec.decode.request import DraftLength
 from exactspec.decode.sampling import SamplingParams, filtered_logits, pick
 
 N_NEW = 256
-KS = [1, 2, 3, 5, 8, "dynamic"]
+KS = [1, 2, 3, 5, 8, "dynamic", "auto"]
 TARGETS = [("llama", "float32"), ("qwen2", "bfloat16"), ("qwen3", "float32"), ("mistral", "bfloat16")]
 
 
@@ -66,6 +67,29 @@ def test_dynamic_draft_length_pauses_a_drafter_that_keeps_failing(pair):
     assert DraftLength(3).pause(1, 0, 4) == (0, 4)  # a fixed k never pauses
 
 
+def test_auto_draft_length_by_cost(pair):
+    target, draft = pair("llama", "float32")
+    flat, steep = np.ones(17), 1.0 + np.arange(17.0)  # verify rows free / each row a whole forward
+    assert best_k(0.0, flat, 0.0) == 0 and best_k(0.99, flat, 0.0) == 16 and best_k(0.99, flat, 0.0, max_k=5) == 5
+    assert best_k(0.9, steep, 0.0) == 0  # 1.9 tokens for 2 forwards' time: plain decoding wins
+    assert best_k(0.6, flat, 0.5) == 1 and best_k(0.6, flat, 0.0) == 16  # a draft model's own cost counts
+    acc = Acceptance()
+    assert acc.alpha == 0.5
+    for _ in range(12):
+        acc.add(4, 0)
+    assert acc.alpha < 0.1
+    costs = verify_costs(target.net)
+    assert costs.shape == (17,) and costs[0] == 1.0 and (np.diff(costs) >= 0).all()
+    # an unrelated draft model: drafting all but stops (probes after growing pauses); tokens unchanged
+    plain = target.generate(PROMPTS[2], N_NEW, ignore_eos=True).token_ids
+    auto = target.generate(PROMPTS[2], N_NEW, ignore_eos=True, draft=draft, num_draft_tokens="auto")
+    fixed = target.generate(PROMPTS[2], N_NEW, ignore_eos=True, draft=draft, num_draft_tokens=4)
+    assert auto.token_ids == plain and auto.stats.proposed * 4 < fixed.stats.proposed
+    # a right prediction: long drafts (costs of verify rows aside, alpha near 1)
+    guess = target.generate(PROMPTS[2], N_NEW, ignore_eos=True, prediction=plain, num_draft_tokens="auto")
+    assert guess.token_ids == plain and guess.stats.forward_passes * 4 < N_NEW
+
+
 SAMPLING = [dict(temperature=0.8), dict(temperature=1.3, top_k=20), dict(temperature=0.7, top_p=0.9),
             dict(temperature=1.0, min_p=0.05, repetition_penalty=1.3)]
 
@@ -77,7 +101,7 @@ def test_sampling_matrix(pair, arch, dtype, cfg):
     plain = [target.generate(p, 128, ignore_eos=True, seed=1234, **cfg).token_ids for p in PROMPTS]
     assert plain[0] != target.generate(PROMPTS[0], 128, ignore_eos=True, seed=99, **cfg).token_ids
     for d in (draft, "lookup", target):
-        for k in (1, 4, "dynamic"):
+        for k in (1, 4, "dynamic", "auto"):
             got = target.generate_batch(PROMPTS, 128, ignore_eos=True, draft=d, num_draft_tokens=k, seed=1234, **cfg)
             assert [r.token_ids for r in got] == plain, (d, k)
 

@@ -1,0 +1,77 @@
+"""The draft length by cost (num_draft_tokens="auto"): how much a verify of k drafts costs this model,
+measured once, and the k that maximizes expected tokens per unit of time given a sequence's recent
+acceptance. Only speed depends on it: the target decides every token whatever k is.
+
+A verify of k drafts is one target forward of k + 1 rows; each draft is accepted with probability
+alpha given the ones before it (a geometric model), so it yields 1 + alpha + ... + alpha^k tokens
+and costs costs[k] (that forward over a 1-row forward) + k x per_draft (a draft model's own forward
+per token; 0 for lookup and predictions).
+"""
+from __future__ import annotations
+
+import time
+import weakref
+
+import numpy as np
+
+from ..model.transformer import Rows, Transformer
+
+MAX_K = 16
+_MEASURED = (1, 2, 3, 5, 9, MAX_K + 1)  # row counts timed; the others interpolated
+_COSTS: "weakref.WeakKeyDictionary[Transformer, np.ndarray]" = weakref.WeakKeyDictionary()
+_ONE_ROW: "weakref.WeakKeyDictionary[Transformer, float]" = weakref.WeakKeyDictionary()
+DECAY = 0.8  # acceptance is counted over about the last 1 / (1 - DECAY) = 5 verify steps
+PAUSE_MAX = 32  # k = 0 pauses drafting for 1, 2, 4, ... 32 steps, then probes with one draft
+
+
+def _seconds(net: Transformer, n: int, repeat: int = 3) -> float:
+    """The fastest of `repeat` forwards of n rows of one sequence (positions 32.., a short context)."""
+    cache = net.new_cache(1, 32 + n)
+    rows = Rows()
+    rows.add(0, [1] * n, 32, logits_from=0)
+    rows.forward(net, cache)  # warm (a first call may compile)
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        rows.forward(net, cache)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def one_row_seconds(net: Transformer) -> float:
+    if net not in _ONE_ROW:
+        _ONE_ROW[net] = _seconds(net, 1)
+    return _ONE_ROW[net]
+
+
+def verify_costs(net: Transformer) -> np.ndarray:
+    """(MAX_K + 1,) costs[k]: a forward of k + 1 rows over one of 1 row, measured once per model
+    (about 25 forwards) and made non-decreasing."""
+    if net not in _COSTS:
+        t = np.array([one_row_seconds(net) if n == 1 else _seconds(net, n) for n in _MEASURED])
+        c = np.interp(np.arange(1, MAX_K + 2), _MEASURED, t / t[0])
+        _COSTS[net] = np.maximum.accumulate(np.maximum(c, 1.0))
+    return _COSTS[net]
+
+
+def best_k(alpha: float, costs: np.ndarray, per_draft: float, max_k: int = MAX_K) -> int:
+    """The k in 0..max_k with the most expected tokens per unit of time."""
+    k = np.arange(min(max_k, len(costs) - 1) + 1)
+    tokens = np.cumsum(alpha ** k)  # 1 + alpha + ... + alpha^k
+    return int(np.argmax(tokens / (costs[k] + k * per_draft)))
+
+
+class Acceptance:
+    """A sequence's recent acceptance: decayed counts of accepted drafts and of rejections."""
+
+    def __init__(self) -> None:
+        self.accepted, self.rejected = 0.0, 0.0
+
+    def add(self, proposed: int, accepted: int) -> None:
+        self.accepted = DECAY * self.accepted + accepted
+        self.rejected = DECAY * self.rejected + (accepted < proposed)
+
+    @property
+    def alpha(self) -> float:
+        """Per-draft acceptance, with half a count of prior each way (0.5 before any step)."""
+        return (self.accepted + 0.5) / (self.accepted + self.rejected + 1.0)
