@@ -133,7 +133,7 @@ class Model:
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int | None = 128, *,
                        ignore_eos: bool = False, draft: "None | str | Model" = None,
-                       num_draft_tokens: int | str = 4, draft_confidence: float = 0.0, lookup_max_ngram: int = 3,
+                       num_draft_tokens: int | str = "auto", draft_confidence: float = 0.0, lookup_max_ngram: int = 3,
                        temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                        repetition_penalty: float = 1.0, seed: int | None | Sequence[int | None] = 0,
                        logprobs: int | None = None, logprobs_mode: str = "raw",

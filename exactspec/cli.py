@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), 'lookup' for prompt lookup, or "
                    "'pool' (prompt lookup, then the n-grams of earlier requests)")
     g.add_argument("--draft-dtype", default=None, choices=["auto", "float32", "bfloat16"], help="default: --dtype")
-    g.add_argument("--num-draft-tokens", type=_draft_len, default=4, help="k, 'dynamic' or 'auto' (by measured cost)")
+    g.add_argument("--num-draft-tokens", type=_draft_len, default="auto", help="k, 'dynamic' or 'auto' (by measured cost)")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "products, as llama.cpp) or float32 (bitwise the dequantized model, slower)")
     v.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), 'lookup' (prompt lookup), "
                    "or 'pool' (prompt lookup, then an n-gram pool of every request's prompt and output)")
-    v.add_argument("--num-draft-tokens", type=_draft_len, default=4)
+    v.add_argument("--num-draft-tokens", type=_draft_len, default="auto")
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="SmolLM2-135M-Instruct (fetched once): plain vs speculative decoding, "
                                     "identity checked")
     d.add_argument("--max-new-tokens", type=int, default=None, help="default: 160 (SmolLM2), 128 (toy pair)")
-    d.add_argument("--num-draft-tokens", type=_draft_len, default="dynamic")
+    d.add_argument("--num-draft-tokens", type=_draft_len, default="auto")
     d.add_argument("--dtype", default="bfloat16", choices=["auto", "float32", "bfloat16"])
     d.add_argument("--toy", action="store_true", help="the bundled toy pair instead of SmolLM2")
     d.add_argument("--offline", action="store_true", help="never download (SmolLM2 only if already cached)")

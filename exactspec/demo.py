@@ -38,7 +38,7 @@ def demo_folder() -> Path:
     return Path(__file__).resolve().parent / "assets"
 
 
-def run(folder: Path | None = None, max_new_tokens: int | None = None, k: int | str = "dynamic",
+def run(folder: Path | None = None, max_new_tokens: int | None = None, k: int | str = "auto",
         dtype: str = "bfloat16", repetition_penalty: float | None = None, out=sys.stdout, toy: bool = False,
         download: bool = True) -> list[dict]:
     """The SmolLM2 demo, or the toy pair (`toy`, an explicit `folder`, or SmolLM2 unavailable)."""

@@ -119,7 +119,7 @@ def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 
     sampling draws a fresh one (kept in the Request's params, reported in the result's stats) so the
     run can be replayed. `prediction`: token ids the output is expected to repeat (a file being edited),
     proposed as drafts, so only speed depends on it; with num_draft_tokens 0 the draft length is then
-    dynamic."""
+    "auto" (by cost)."""
     if max_new_tokens is not None:
         _int("max_new_tokens", max_new_tokens)
     ids = check_prompt(prompt, limits, name, 1 if max_new_tokens is None else max_new_tokens)
@@ -147,7 +147,7 @@ def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 
     if not isinstance(cache_scope, str):
         raise InvalidRequest(f"cache_scope={cache_scope!r}: must be a string", "cache_scope")
     predicted = check_prompt(prediction, limits, "prediction") if len(prediction) else ()
-    k = num_draft_tokens if num_draft_tokens or not predicted else "dynamic"
+    k = num_draft_tokens if num_draft_tokens or not predicted else "auto"
     return Request(ids, params, max_new_tokens, eos_ids, tuple(s for s in stops if s), DraftLength(k),
                    logprobs, logprobs_mode, cache_scope, predicted)
 

@@ -51,7 +51,7 @@ log = logging.getLogger("exactspec.server")
 
 
 class Server:
-    def __init__(self, model: Model, name: str, drafter: Drafter | None = None, num_draft_tokens: int | str = 4,
+    def __init__(self, model: Model, name: str, drafter: Drafter | None = None, num_draft_tokens: int | str = "auto",
                  opts: ServeOptions = ServeOptions()):
         if model.tokenizer is None:
             raise ExactSpecError(f"{model.folder}: serving needs a tokenizer (tokenizer.json or GGUF metadata)")

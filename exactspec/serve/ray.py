@@ -105,7 +105,7 @@ class _Tagged:
         await self.app(scope, receive, tagged if scope["type"] == "http" else send)
 
 
-def application(model: Model, name: str, draft: Model | str | None = None, num_draft_tokens: int | str = 4,
+def application(model: Model, name: str, draft: Model | str | None = None, num_draft_tokens: int | str = "auto",
                 opts: ServeOptions = ServeOptions(), scaling: Scaling = Scaling()) -> serve.Application:
     """The deployment, bound: `serve.run(application(...))` starts it on the connected Ray cluster.
     draft: a draft Model, "lookup" (prompt lookup), "pool" (lookup + the n-gram pool), or None."""
