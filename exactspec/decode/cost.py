@@ -20,6 +20,7 @@ MAX_K = 16
 _MEASURED = (1, 2, 3, 5, 9, MAX_K + 1)  # row counts timed; the others interpolated
 _COSTS: "weakref.WeakKeyDictionary[Transformer, np.ndarray]" = weakref.WeakKeyDictionary()
 _ONE_ROW: "weakref.WeakKeyDictionary[Transformer, float]" = weakref.WeakKeyDictionary()
+_ATTENTION: "weakref.WeakKeyDictionary[Transformer, float]" = weakref.WeakKeyDictionary()
 DECAY = 0.8  # acceptance is counted over about the last 1 / (1 - DECAY) = 5 verify steps
 PAUSE_MAX = 32  # k = 0 pauses drafting for 1, 2, 4, ... 32 steps, then probes with one draft
 
@@ -36,6 +37,33 @@ def _seconds(net: Transformer, n: int, repeat: int = 3) -> float:
         rows.forward(net, cache)
         best = min(best, time.perf_counter() - t)
     return best
+
+
+def _row_at(net: Transformer, pos: int, repeat: int = 3) -> float:
+    """The fastest of `repeat` forwards of one row at `pos` (its attention reads pos + 1 keys)."""
+    cache = net.new_cache(1, pos + 1)
+    rows = Rows()
+    rows.add(0, [1] * (pos + 1), 0, logits_from=None)  # write the keys once
+    rows.forward(net, cache)
+    one = Rows()
+    one.add(0, [1], pos)
+    best = float("inf")
+    for _ in range(repeat + 1):
+        t = time.perf_counter()
+        one.forward(net, cache)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def attention_cost(net: Transformer) -> float:
+    """A key position's attention (all layers and heads: scores, exp, values) in units of one
+    one-row forward, measured once per model from a row at position 32 and one at 512."""
+    if net not in _ATTENTION:
+        far = min(512, net.max_context - 1)
+        near = min(32, far // 2)
+        t_far, t_near = _row_at(net, far), _row_at(net, near)
+        _ATTENTION[net] = max(t_far - t_near, 0.0) / max(far - near, 1) / t_near
+    return _ATTENTION[net]
 
 
 def one_row_seconds(net: Transformer) -> float:

@@ -189,6 +189,7 @@ class Engine:
         try:
             set_num_threads(threads)
             self.batch = Batch(target, max_batch, target.max_context, drafter, prefill_chunk, prefix_blocks)
+            self.batch.measure()  # the costs its chunking and draft lengths use: now, not in a request's step
         except BaseException as e:
             self.stopped = True
             ready.set_exception(e)

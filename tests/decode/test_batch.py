@@ -1,9 +1,11 @@
 """Continuous batching: sequences join and leave between steps; nobody's tokens change."""
+import numpy as np
 import pytest
 
 import exactspec
 from exactspec.decode.drafters import DraftModelDrafter, LookupDrafter
 from exactspec.errors import GenerationError
+from exactspec.decode import loop
 from exactspec.decode.loop import Batch
 
 
@@ -67,6 +69,7 @@ def test_chunked_prefill_gives_the_same_tokens_and_logprobs(ckpt, chunk, drafter
     want = {n: target.generate(p, 12, **kw) for n, p in (("long", long), ("short", short))}
     drafter = {"none": None, "model": DraftModelDrafter(draft.net), "lookup": LookupDrafter()}[drafter_kind]
     b = Batch(target.net, n_slots=2, capacity=128, drafter=drafter, prefill_chunk=chunk)
+    b.long_prompt = 0  # every prompt is held back beside others (a server's threshold: 256 tokens)
     k = 3 if drafter is not None else 0
     s = b.add(target.request(short, 12, num_draft_tokens=k, **kw))
     b.step()  # short: prefilled (3 tokens <= chunk, or chunked too when chunk = 1)
@@ -81,7 +84,7 @@ def test_chunked_prefill_gives_the_same_tokens_and_logprobs(ckpt, chunk, drafter
         assert s.finish_reason is not None or len(s.generated) > before  # the short one never waits
         assert g.fed - fed <= chunk
         if busy:  # beside a decoding sequence: the chunk's attention (keys its rows read) within its credit
-            assert (g.fed * (g.fed + 1) - fed * (fed + 1)) // 2 <= credit + b._grant
+            assert (g.fed * (g.fed + 1) - fed * (fed + 1)) // 2 <= credit + b._grants[0]
         fed = g.fed
     assert steps >= -(-len(long) // chunk)
     while b.running:
@@ -92,14 +95,16 @@ def test_chunked_prefill_gives_the_same_tokens_and_logprobs(ckpt, chunk, drafter
             [(x.token, x.logprob, x.top) for x in want[name].logprobs], name
 
 
-def test_a_long_prompts_late_chunks_wait_for_credit_beside_decoding(ckpt):
+def test_a_long_prompts_late_chunks_wait_for_credit_beside_decoding(ckpt, monkeypatch):
     """Beside a decoding sequence, a chunk whose attention (p + 1 keys per row at position p) exceeds
     the step's grant is cut, down to no row at all until the credit covers one; the prefill still
     completes, and every token is its solo token."""
+    monkeypatch.setattr(loop, "attention_cost", lambda net: loop.PREFILL_ATTENTION_SHARE / 40)  # grant: 40 keys
     target = exactspec.load(ckpt("llama"))
     long, short = list(range(3, 150)), [5, 6, 7]
     want = [target.generate(p, n, ignore_eos=True).token_ids for p, n in ((long, 4), (short, 400))]
     b = Batch(target.net, n_slots=2, capacity=512, prefill_chunk=16)
+    b.beside_share, b.long_prompt = 0, 0  # the attention credit alone (the row cap by measured cost: next test)
     s = b.add(target.request(short, 400, ignore_eos=True))
     b.step()
     g = b.add(target.request(long, 4, ignore_eos=True))
@@ -108,8 +113,64 @@ def test_a_long_prompts_late_chunks_wait_for_credit_beside_decoding(ckpt):
         b.step()
         sizes.append(g.fed - fed)
         fed = g.fed
-    assert s.finish_reason is None  # the short one decoded all along
-    assert sizes[0] > 0 and 0 in sizes and max(sizes[-5:]) < sizes[0]  # late chunks cut, or none
+    assert b._grants[0] == 40 and s.finish_reason is None  # the short one decoded all along
+    assert sizes[0] == 8 and 0 in sizes and max(sizes[-5:]) < sizes[0]  # 1 + 2 + ... + 8 <= 40; late: cut, or none
+    while b.running:
+        b.step()
+    assert [g.generated, s.generated] == want
+
+
+def test_beside_decoding_a_chunk_carries_the_rows_its_measured_cost_allows(ckpt, monkeypatch):
+    """With quantized weights a forward of 17 rows costs ~5 of 1 row: beside decoding, a prompt's chunk
+    is cut to the rows that keep the step within 1 + PREFILL_STEP_SHARE of a one-row step; alone it
+    takes whole chunks. Tokens are the solo tokens."""
+    steep = np.array([1.0, 1.1, 1.3, 1.5, 1.7] + [2.0 + 0.3 * i for i in range(12)])  # SmolLM2 Q4_1's shape
+    monkeypatch.setattr(loop, "verify_costs", lambda net: steep)
+    target = exactspec.load(ckpt("llama"))
+    long, short = list(range(3, 80)), [5, 6, 7]
+    want = [target.generate(p, n, ignore_eos=True).token_ids for p, n in ((long, 4), (short, 12))]
+    b = Batch(target.net, n_slots=2, capacity=256, prefill_chunk=16)
+    b.long_prompt = 0
+    assert b._beside_rows() == 3  # costs[3] = 1.5 <= 1 + 0.5 < costs[4]
+    s = b.add(target.request(short, 12, ignore_eos=True))
+    b.step()
+    g = b.add(target.request(long, 4, ignore_eos=True))
+    fed, sizes = 0, []
+    while not g.prefilled:
+        busy = s.finish_reason is None
+        b.step()
+        sizes.append((busy, g.fed - fed))
+        fed = g.fed
+    assert max(n for busy, n in sizes if busy) == 3 and max(n for busy, n in sizes if not busy) == 16
+    while b.running:
+        b.step()
+    assert [g.generated, s.generated] == want
+
+
+def test_a_newcomer_beside_a_long_prompt_is_fed_whole_and_an_idle_chunk_is_bounded(ckpt, monkeypatch):
+    """A step a newcomer may wait for is bounded: alone, a long prompt's chunk reads at most the idle
+    grant of keys (at least one row). A newcomer's short prompt joining it is fed whole in its first
+    step, while the long one's chunk in that step is held to the credit. Tokens are the solo tokens."""
+    monkeypatch.setattr(loop, "attention_cost", lambda net: 1.0 / 100)  # 100 keys per one-row forward
+    target = exactspec.load(ckpt("llama"))
+    long, short = list(range(3, 200)), [5, 6, 7, 8, 9]
+    want = [target.generate(p, n, ignore_eos=True).token_ids for p, n in ((long, 3), (short, 6))]
+    b = Batch(target.net, n_slots=2, capacity=256, prefill_chunk=64)
+    b.long_prompt = 100  # the long one (197 tokens) is held back beside others, the newcomer's 5 never
+    assert b._grants == (int(loop.PREFILL_ATTENTION_SHARE * 100), int(loop.PREFILL_IDLE_ATTENTION * 100))
+    g = b.add(target.request(long, 3, ignore_eos=True))
+    fed = []
+    while g.fed < 150:
+        b.step()
+        fed.append(g.fed)
+    steps = [(a, c) for a, c in zip([0] + fed, fed)]
+    assert all((c * (c + 1) - a * (a + 1)) // 2 <= b._grants[1] or c == a + 1 for a, c in steps)
+    assert steps[-1][1] - steps[-1][0] < 64  # late idle chunks cut below prefill_chunk
+    before = g.fed
+    s = b.add(target.request(short, 6, ignore_eos=True))
+    b.step()
+    assert s.prefilled and len(s.generated) == 1  # fed whole beside the long prompt
+    assert (g.fed * (g.fed + 1) - before * (before + 1)) // 2 <= b._grants[0]  # the long one held to its credit
     while b.running:
         b.step()
     assert [g.generated, s.generated] == want

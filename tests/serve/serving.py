@@ -75,7 +75,9 @@ class InProcess:
     def __init__(self, folder, opts: ServeOptions = ServeOptions(), model=None, **kw):
         self.model = model = model or exactspec.load(folder)
         self.gate = model.net = Gated(model.net)
+        self.gate.open.set()  # the engine's start (it measures the model's costs) runs freely
         self.srv = Server(model, "tiny", opts=opts, **kw)
+        self.gate.open.clear()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.uv = DrainingServer(uvicorn_config(self.srv.app, "127.0.0.1", self.port, opts), self.srv.drain)
