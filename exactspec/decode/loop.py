@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import torch
 
-from .cost import PAUSE_MAX, Acceptance, attention_cost, best_k, verify_costs
+from .chunking import Chunker
+from .cost import PAUSE_MAX, Acceptance, best_k, verify_costs
 from .drafters import Drafter, from_prediction
 from ..errors import GenerationError, InvalidRequest
 from ..kernels.attention import BLOCK
@@ -26,12 +26,6 @@ from ..model.prefix import PrefixCache
 from ..model.transformer import Rows, Transformer
 from .request import Request
 from .sampling import TokenLogprob, pick, pick_rows, processed_logits, token_logprobs
-
-PREFILL_ATTENTION_SHARE = 0.25  # beside others: a prompt's attention per step, in one-row forwards (measured)
-PREFILL_IDLE_ATTENTION = 10.0  # alone: a step's prompt attention (a newcomer waits for it), in one-row forwards
-LONG_PROMPT = 256  # prompts longer than this are held back beside other work (shorter ones: only chunked)
-PREFILL_STEP_SHARE = 0.5  # beside decoding: a chunk's rows may add this share to a one-row forward's measured time
-
 
 @dataclass
 class Stats:
@@ -154,15 +148,12 @@ class Batch:
         self.capacity = min(capacity, target.max_context)
         self.cache = target.new_cache(n_slots, self.capacity, prefix_blocks)
         self.prefix = PrefixCache(self.cache, prefix_blocks) if prefix_blocks else None
+        self.chunker = Chunker(target, prefill_chunk)
         self._ends: list[int] = []  # this step's prompt chunk ends, one per new sequence
-        self._key_grants: tuple[int, int] | None = None  # key positions a chunk's attention may read per step
         self._free = list(range(n_slots - 1, -1, -1))
         self.seqs: list[SeqState] = []
         self.stats = BatchStats()
         self._costs, self._per_draft = None, 0.0  # verify costs and a draft token's, for num_draft_tokens="auto"
-        self.beside_share = PREFILL_STEP_SHARE  # 0: a chunk beside decoding is cut by attention credit only
-        self.long_prompt = LONG_PROMPT
-        self._beside: int | None = None  # prompt rows per step beside decoding (from the measured costs)
         if drafter is not None:
             drafter.begin(n_slots, self.capacity)
 
@@ -223,8 +214,7 @@ class Batch:
         old = [s for s in live if s.prefilled]
         try:
             drafts = self._propose(old)
-            busy = [len(s.req.prompt) > self.long_prompt and _busy(s, new, old) for s in new]  # once: _accept moves fed
-            self._ends = [self._chunk_end(s, b) for s, b in zip(new, busy)]
+            self._ends, busy = self.chunker.plan(new, old)
             logits = self._rows(new, old, drafts).forward(self.target, self.cache)
         except Exception as e:
             if len(live) > 1:
@@ -269,69 +259,23 @@ class Batch:
             rows.add(s.slot, [s.tokens[-1]] + d, len(s.tokens) - 1, logits_from=0)
         return rows
 
-    def _chunk_end(self, s: SeqState, busy: bool) -> int:
-        """Where this step's feed of a new sequence's prompt ends (the whole prompt without chunking).
-        Beside decoding sequences a chunk carries at most `_beside_rows` rows (its linear work) and stays
-        within the sequence's attention credit (a row at position p reads p + 1 keys): a long prompt's
-        late chunks, whose attention dwarfs a decode step, then take several steps' credit each instead
-        of slowing every step of the others. With no one decoding, a chunk's attention is bounded too
-        (PREFILL_IDLE_ATTENTION): a newcomer waits for the step in flight.
-        `busy`: this step also decodes others, or feeds a shorter prompt (`_busy`)."""
-        n = len(s.tokens)
-        if not self.prefill_chunk:
-            return n
-        end = min(n, s.fed + self.prefill_chunk)
-        if not busy:  # a step a newcomer may wait for: its attention bounded too (at least one row)
-            e, cost = s.fed + 1, s.fed + 1
-            while e < end and cost + e + 1 <= self._grants[1]:
-                cost += e + 1
-                e += 1
-            return e
-        if self.beside_share:
-            end = min(end, s.fed + self._beside_rows())
-        e, cost, budget = s.fed, 0, s.credit + self._grants[0]
-        while e < end and cost + e + 1 <= budget:
-            cost += e + 1
-            e += 1
-        return e
-
     def measure(self) -> None:
         """Measure now what chunking and num_draft_tokens="auto" use (once per model, well under a
         second for SmolLM2): a server does it at start, not inside a request's step."""
         if self.prefill_chunk:
-            self._beside_rows()
-            self._grants
+            self.chunker.rows_beside()
+            self.chunker.grants
         verify_costs(self.target)
         if self.drafter is not None:
             self.drafter.cost_per_token(self.target)
-
-    @property
-    def _grants(self) -> tuple[int, int]:
-        """Key positions a prompt chunk's attention may read per step (a row at position p reads p + 1):
-        beside other sequences, and alone; from the model's measured attention cost per key."""
-        if self._key_grants is None:
-            per_key = max(attention_cost(self.target), 1e-9)  # in one-row forwards
-            self._key_grants = tuple(max(1, int(share / per_key))
-                                     for share in (PREFILL_ATTENTION_SHARE, PREFILL_IDLE_ATTENTION))
-        return self._key_grants
-
-    def _beside_rows(self) -> int:
-        """The prompt rows a step beside decoding may carry: the most whose forward, measured with one
-        decoding row, costs at most 1 + beside_share one-row forwards (at least one)."""
-        if self._beside is None:
-            costs = verify_costs(self.target)  # costs[n]: a forward of n + 1 rows over one of 1 row
-            self._beside = max(1, int(np.searchsorted(costs, 1.0 + self.beside_share, side="right")) - 1)
-        return self._beside
 
     def _accept(self, new: list[SeqState], old: list[SeqState], drafts: list[list[int]],
                 logits: torch.Tensor, busy: list[bool]) -> list[tuple[SeqState, list[int]]]:
         """Pick the target's token at every row; keep the drafts up to the first disagreement."""
         out, r = [], 0
         for s, end, b in zip(new, self._ends, busy):
-            if b and self.prefill_chunk:  # spend the credit; keep at most what the next row needs
-                grant = self._grants[0]
-                left = s.credit + grant - (end * (end + 1) - s.fed * (s.fed + 1)) // 2
-                s.credit = min(left, max(grant, end + 1))
+            if b:
+                self.chunker.spend(s, end)
             s.fed = end
             if not s.prefilled:  # a chunk of the prompt: no logits yet
                 out.append((s, []))
@@ -418,14 +362,6 @@ class Batch:
             self.cache.release(s.slot)
             if self.drafter is not None:
                 self.drafter.release(s.slot)
-
-
-def _busy(s: SeqState, new: list[SeqState], old: list[SeqState]) -> bool:
-    """Whether s's prompt chunk shares its step with work it must not delay: decoding sequences, or
-    a prompt with fewer tokens left than s's (a newcomer beside a long prompt is not slowed by it).
-    Only a long prompt (> Batch.long_prompt tokens) is held back for it."""
-    left = len(s.tokens) - s.fed
-    return bool(old) or any(len(o.tokens) - o.fed < left for o in new if o is not s)
 
 
 OnToken = Callable[[object, list[int]], None]  # (the sequence's tag, new token ids)

@@ -5,7 +5,7 @@ import pytest
 import exactspec
 from exactspec.decode.drafters import DraftModelDrafter, LookupDrafter
 from exactspec.errors import GenerationError
-from exactspec.decode import loop
+from exactspec.decode import chunking
 from exactspec.decode.loop import Batch
 
 
@@ -69,7 +69,7 @@ def test_chunked_prefill_gives_the_same_tokens_and_logprobs(ckpt, chunk, drafter
     want = {n: target.generate(p, 12, **kw) for n, p in (("long", long), ("short", short))}
     drafter = {"none": None, "model": DraftModelDrafter(draft.net), "lookup": LookupDrafter()}[drafter_kind]
     b = Batch(target.net, n_slots=2, capacity=128, drafter=drafter, prefill_chunk=chunk)
-    b.long_prompt = 0  # every prompt is held back beside others (a server's threshold: 256 tokens)
+    b.chunker.long_prompt = 0  # every prompt is held back beside others (a server's threshold: 256 tokens)
     k = 3 if drafter is not None else 0
     s = b.add(target.request(short, 12, num_draft_tokens=k, **kw))
     b.step()  # short: prefilled (3 tokens <= chunk, or chunked too when chunk = 1)
@@ -84,7 +84,7 @@ def test_chunked_prefill_gives_the_same_tokens_and_logprobs(ckpt, chunk, drafter
         assert s.finish_reason is not None or len(s.generated) > before  # the short one never waits
         assert g.fed - fed <= chunk
         if busy:  # beside a decoding sequence: the chunk's attention (keys its rows read) within its credit
-            assert (g.fed * (g.fed + 1) - fed * (fed + 1)) // 2 <= credit + b._grants[0]
+            assert (g.fed * (g.fed + 1) - fed * (fed + 1)) // 2 <= credit + b.chunker.grants[0]
         fed = g.fed
     assert steps >= -(-len(long) // chunk)
     while b.running:
@@ -99,12 +99,12 @@ def test_a_long_prompts_late_chunks_wait_for_credit_beside_decoding(ckpt, monkey
     """Beside a decoding sequence, a chunk whose attention (p + 1 keys per row at position p) exceeds
     the step's grant is cut, down to no row at all until the credit covers one; the prefill still
     completes, and every token is its solo token."""
-    monkeypatch.setattr(loop, "attention_cost", lambda net: loop.PREFILL_ATTENTION_SHARE / 40)  # grant: 40 keys
+    monkeypatch.setattr(chunking, "attention_cost", lambda net: chunking.PREFILL_ATTENTION_SHARE / 40)  # 40 keys
     target = exactspec.load(ckpt("llama"))
     long, short = list(range(3, 150)), [5, 6, 7]
     want = [target.generate(p, n, ignore_eos=True).token_ids for p, n in ((long, 4), (short, 400))]
     b = Batch(target.net, n_slots=2, capacity=512, prefill_chunk=16)
-    b.beside_share, b.long_prompt = 0, 0  # the attention credit alone (the row cap by measured cost: next test)
+    b.chunker.step_share, b.chunker.long_prompt = 0, 0  # the attention credit alone (the row cap: next test)
     s = b.add(target.request(short, 400, ignore_eos=True))
     b.step()
     g = b.add(target.request(long, 4, ignore_eos=True))
@@ -113,7 +113,7 @@ def test_a_long_prompts_late_chunks_wait_for_credit_beside_decoding(ckpt, monkey
         b.step()
         sizes.append(g.fed - fed)
         fed = g.fed
-    assert b._grants[0] == 40 and s.finish_reason is None  # the short one decoded all along
+    assert b.chunker.grants[0] == 40 and s.finish_reason is None  # the short one decoded all along
     assert sizes[0] == 8 and 0 in sizes and max(sizes[-5:]) < sizes[0]  # 1 + 2 + ... + 8 <= 40; late: cut, or none
     while b.running:
         b.step()
@@ -125,13 +125,13 @@ def test_beside_decoding_a_chunk_carries_the_rows_its_measured_cost_allows(ckpt,
     is cut to the rows that keep the step within 1 + PREFILL_STEP_SHARE of a one-row step; alone it
     takes whole chunks. Tokens are the solo tokens."""
     steep = np.array([1.0, 1.1, 1.3, 1.5, 1.7] + [2.0 + 0.3 * i for i in range(12)])  # SmolLM2 Q4_1's shape
-    monkeypatch.setattr(loop, "verify_costs", lambda net: steep)
+    monkeypatch.setattr(chunking, "verify_costs", lambda net: steep)
     target = exactspec.load(ckpt("llama"))
     long, short = list(range(3, 80)), [5, 6, 7]
     want = [target.generate(p, n, ignore_eos=True).token_ids for p, n in ((long, 4), (short, 12))]
     b = Batch(target.net, n_slots=2, capacity=256, prefill_chunk=16)
-    b.long_prompt = 0
-    assert b._beside_rows() == 3  # costs[3] = 1.5 <= 1 + 0.5 < costs[4]
+    b.chunker.long_prompt = 0
+    assert b.chunker.rows_beside() == 3  # costs[3] = 1.5 <= 1 + 0.5 < costs[4]
     s = b.add(target.request(short, 12, ignore_eos=True))
     b.step()
     g = b.add(target.request(long, 4, ignore_eos=True))
@@ -151,26 +151,26 @@ def test_a_newcomer_beside_a_long_prompt_is_fed_whole_and_an_idle_chunk_is_bound
     """A step a newcomer may wait for is bounded: alone, a long prompt's chunk reads at most the idle
     grant of keys (at least one row). A newcomer's short prompt joining it is fed whole in its first
     step, while the long one's chunk in that step is held to the credit. Tokens are the solo tokens."""
-    monkeypatch.setattr(loop, "attention_cost", lambda net: 1.0 / 100)  # 100 keys per one-row forward
+    monkeypatch.setattr(chunking, "attention_cost", lambda net: 1.0 / 100)  # 100 keys per one-row forward
     target = exactspec.load(ckpt("llama"))
     long, short = list(range(3, 200)), [5, 6, 7, 8, 9]
     want = [target.generate(p, n, ignore_eos=True).token_ids for p, n in ((long, 3), (short, 6))]
     b = Batch(target.net, n_slots=2, capacity=256, prefill_chunk=64)
-    b.long_prompt = 100  # the long one (197 tokens) is held back beside others, the newcomer's 5 never
-    assert b._grants == (int(loop.PREFILL_ATTENTION_SHARE * 100), int(loop.PREFILL_IDLE_ATTENTION * 100))
+    b.chunker.long_prompt = 100  # the long one (197 tokens) is held back beside others, the newcomer's 5 never
+    assert b.chunker.grants == (int(chunking.PREFILL_ATTENTION_SHARE * 100), int(chunking.PREFILL_IDLE_ATTENTION * 100))
     g = b.add(target.request(long, 3, ignore_eos=True))
     fed = []
     while g.fed < 150:
         b.step()
         fed.append(g.fed)
     steps = [(a, c) for a, c in zip([0] + fed, fed)]
-    assert all((c * (c + 1) - a * (a + 1)) // 2 <= b._grants[1] or c == a + 1 for a, c in steps)
+    assert all((c * (c + 1) - a * (a + 1)) // 2 <= b.chunker.grants[1] or c == a + 1 for a, c in steps)
     assert steps[-1][1] - steps[-1][0] < 64  # late idle chunks cut below prefill_chunk
     before = g.fed
     s = b.add(target.request(short, 6, ignore_eos=True))
     b.step()
     assert s.prefilled and len(s.generated) == 1  # fed whole beside the long prompt
-    assert (g.fed * (g.fed + 1) - before * (before + 1)) // 2 <= b._grants[0]  # the long one held to its credit
+    assert (g.fed * (g.fed + 1) - before * (before + 1)) // 2 <= b.chunker.grants[0]  # the long one held to its credit
     while b.running:
         b.step()
     assert [g.generated, s.generated] == want
