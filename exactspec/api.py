@@ -18,7 +18,8 @@ from .decode.drafters import DraftModelDrafter, Drafter, LookupDrafter, NgramPoo
 from .decode.loop import BatchStats, Stats, run_batch
 from .decode.request import Limits, Request, check_prompt, make_request
 from .decode.sampling import SamplingParams, TokenLogprob, token_logprobs
-from .errors import CheckpointError, GenerationError, InvalidRequest
+from .errors import CheckpointError, GenerationError, InvalidRequest, UnsupportedModelError
+from .model.cache import KV_DTYPES
 from .model.checkpoint import open_checkpoint
 from .model.config import ModelConfig
 from .model.transformer import Rows, Transformer
@@ -217,7 +218,7 @@ class Model:
 
 
 def load(path: str | Path, dtype: str = "auto", max_context: int | None = None, quantize: str | None = None,
-         activations: str = "int8") -> Model:
+         activations: str = "int8", kv_dtype: str = "float32") -> Model:
     """Load a model: a HF checkpoint folder, a .gguf file, or a Hugging Face Hub id (`org/name`,
     resolved through the local hub cache; HF_HUB_OFFLINE=1 keeps it offline).
 
@@ -229,6 +230,12 @@ def load(path: str | Path, dtype: str = "auto", max_context: int | None = None, 
     per block of 32 to int8, as llama.cpp does, then integer dot products: exact, so as invariant as the
     float path, and several times fewer operations) or "float32" (the weights dequantized in registers
     into float FMA chains: bitwise the logits of the dequantized model). Float weights ignore it.
-    max_context: longest sequence (prompt + new tokens) served; default min(config, 8192)."""
+    max_context: longest sequence (prompt + new tokens) served; default min(config, 8192).
+    kv_dtype: how the KV cache stores keys and values: "float32", or "bfloat16" (half the memory and
+    the attention's reads; each entry rounded once when written, so still invariant; the logits
+    differ from float32's by that rounding)."""
+    if kv_dtype not in KV_DTYPES:
+        raise UnsupportedModelError(f"kv_dtype={kv_dtype!r} is not supported ({', '.join(KV_DTYPES)})")
     c = open_checkpoint(path, dtype, max_context, quantize, activations)
+    c.net.kv_dtype = kv_dtype
     return Model(c.folder, c.cfg, c.net, c.tokenizer, c.eos)

@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--activations", default="int8", choices=["int8", "float32"],
                    help="what quantized weights multiply: int8 (rows quantized per block of 32, integer dot "
                    "products, as llama.cpp) or float32 (bitwise the dequantized model, slower)")
+    g.add_argument("--kv-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="how the KV cache stores keys and values (bfloat16: half the memory; still invariant)")
     g.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), 'lookup' for prompt lookup, or "
                    "'pool' (prompt lookup, then the n-grams of earlier requests)")
     g.add_argument("--draft-dtype", default=None, choices=["auto", "float32", "bfloat16"], help="default: --dtype")
@@ -57,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--activations", default="int8", choices=["int8", "float32"],
                    help="what quantized weights multiply: int8 (rows quantized per block of 32, integer dot "
                    "products, as llama.cpp) or float32 (bitwise the dequantized model, slower)")
+    v.add_argument("--kv-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="how the KV cache stores keys and values (bfloat16: half the memory; still invariant)")
     v.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), 'lookup' (prompt lookup), "
                    "or 'pool' (prompt lookup, then an n-gram pool of every request's prompt and output)")
     v.add_argument("--num-draft-tokens", type=_draft_len, default="auto")
@@ -195,11 +199,12 @@ def cmd_serve(a: argparse.Namespace) -> int:
             from .serve import ray as exact_ray
         except ImportError as e:
             raise ExactSpecError(f"--ray needs Ray Serve: pip install 'exactspec[ray]' ({e})") from None
-    model = load(a.model, dtype=a.dtype, max_context=a.max_context, quantize=a.quantize, activations=a.activations)
+    model = load(a.model, dtype=a.dtype, max_context=a.max_context, quantize=a.quantize, activations=a.activations,
+                 kv_dtype=a.kv_dtype)
     draft = None
     if a.draft is not None and a.draft not in NAMED_DRAFTERS:
         draft = load(a.draft, dtype=a.dtype, max_context=model.net.max_context, quantize=a.quantize,
-                     activations=a.activations)
+                     activations=a.activations, kv_dtype=a.kv_dtype)
     name = a.name or Path(a.model).name.removesuffix(".gguf")
     if a.ray:
         scaling = exact_ray.Scaling(a.replicas, a.max_replicas, a.cpus_per_replica)
@@ -237,10 +242,11 @@ def cmd_generate(a: argparse.Namespace) -> int:
     from .decode.sampling import SamplingParams
     if a.threads is not None:
         set_num_threads(a.threads)
-    model = load(a.model, dtype=a.dtype, quantize=a.quantize, activations=a.activations)
+    model = load(a.model, dtype=a.dtype, quantize=a.quantize, activations=a.activations, kv_dtype=a.kv_dtype)
     draft = a.draft
     if draft is not None and draft not in NAMED_DRAFTERS:
-        draft = load(draft, dtype=a.draft_dtype or a.dtype, quantize=a.quantize, activations=a.activations)
+        draft = load(draft, dtype=a.draft_dtype or a.dtype, quantize=a.quantize, activations=a.activations,
+                     kv_dtype=a.kv_dtype)
 
     def stream(piece: str) -> None:
         sys.stdout.write(piece)

@@ -29,7 +29,7 @@ target has: speed only), `tile` (the register tile in LLVM IR), `pack` (weights 
 `linear`, `rows` (norms, SwiGLU, rotary, softmax), `attention`, `threads` (pool size, serial/parallel
 builds).
 """
-from .attention import BLOCK, attention, attention_ref
+from .attention import BLOCK, as_numpy, attention, attention_ref
 from .linear import ADD, STORE, SWIGLU, fma_ref, linear, linear_np, linear_ref
 from .pack import PackedWeight, pack_quant, pack_weight, packed_shape
 from .rows import (cumsum, log_softmax, qkv_rope_cache, rmsnorm, rmsnorm_np, rmsnorm_ref, rope_table, silu_mul,
@@ -38,7 +38,7 @@ from .threads import SERIAL_WORK, TwoBuilds, set_num_threads
 from .cpu import MR_MAX
 from .layout import NL
 
-__all__ = ["BLOCK", "attention", "attention_ref", "ADD", "STORE", "SWIGLU", "fma_ref", "linear", "linear_np", "linear_ref",
+__all__ = ["BLOCK", "as_numpy", "attention", "attention_ref", "ADD", "STORE", "SWIGLU", "fma_ref", "linear", "linear_np", "linear_ref",
            "PackedWeight", "pack_quant", "pack_weight", "packed_shape", "cumsum", "log_softmax", "qkv_rope_cache", "rmsnorm",
            "rmsnorm_np", "rmsnorm_ref", "rope_table", "silu_mul", "silu_mul_np", "silu_mul_ref", "softmax",
            "SERIAL_WORK", "TwoBuilds", "set_num_threads", "MR_MAX", "NL"]

@@ -6,7 +6,9 @@ import math
 
 import numpy as np
 import torch
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic, overload
 
 from .threads import SERIAL_WORK, TwoBuilds
 
@@ -23,6 +25,64 @@ from .threads import SERIAL_WORK, TwoBuilds
 
 BLOCK = 16  # positions per KV block: the unit of allocation (and of sharing a prompt prefix)
 _ALL = np.empty(0, np.uint8)  # "no mask": every key in the range is attended
+
+
+# ---------------------------------------------------------------------------------------------
+# The stored key/value type: float32, or bfloat16 kept as uint16 bits (kv_dtype="bfloat16", half
+# the memory and reads). A bfloat16 entry is its float32 value rounded once when written (to
+# nearest, ties to even, as torch's .to(bfloat16)), so a position's stored keys are still a function
+# of its prefix alone; reading widens it exactly (the bits shifted into a float32's top half).
+# ---------------------------------------------------------------------------------------------
+
+@intrinsic
+def _as_f32(typingctx, bits):
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def _as_u32(typingctx, x):
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.uint32(types.float32), codegen
+
+
+def kv_load(x):
+    """A stored key/value entry as float32 (the twin of the compiled overload below)."""
+    return np.float32(x) if not isinstance(x, np.uint16) else \
+        np.array([np.uint32(x) << 16], np.uint32).view(np.float32)[0]
+
+
+def kv_store(x, dest):
+    """float32 x as an entry of the array `dest` (float32, or uint16 bfloat16 bits)."""
+    if dest.dtype != np.uint16:
+        return np.float32(x)
+    return np.uint16(torch.tensor([float(x)]).to(torch.bfloat16).view(torch.int16).item() & 0xFFFF)
+
+
+@overload(kv_load, inline="always")
+def _kv_load(x):
+    if x == types.uint16:
+        return lambda x: _as_f32(np.uint32(x) << np.uint32(16))
+    return lambda x: x
+
+
+@overload(kv_store, inline="always")
+def _kv_store(x, dest):
+    if dest.dtype == types.uint16:
+        def bf16(x, dest):
+            b = _as_u32(x)
+            if (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):  # NaN: kept a (quiet) NaN
+                return np.uint16((b >> np.uint32(16)) | np.uint32(0x40))
+            return np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+        return bf16
+    return lambda x, dest: x
+
+
+def as_numpy(t: torch.Tensor) -> np.ndarray:
+    """A KV tensor as the kernels take it: float32, or a bfloat16 tensor's bits as uint16."""
+    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
 
 
 @njit(inline="always")
@@ -44,7 +104,7 @@ def _attend(qv, kk, vv, blocks, j0, n, mrow, scale, o):
                 qd = qv[d]
                 krow = kb[d]
                 for j in range(BLOCK):
-                    s[j] += qd * krow[j]
+                    s[j] += qd * kv_load(krow[j])
         else:  # the ends of the range (or one block of any size: the transformers layout)
             lo = max(j0, b * B)
             hi = min(j0 + n, (b + 1) * B)
@@ -52,7 +112,7 @@ def _attend(qv, kk, vv, blocks, j0, n, mrow, scale, o):
                 qd = qv[d]
                 krow = kb[d]
                 for j in range(lo, hi):
-                    sc[j - j0] += qd * krow[j - b * B]
+                    sc[j - j0] += qd * kv_load(krow[j - b * B])
     mx = np.float32(-np.inf)
     for j in range(n):
         sc[j] = sc[j] * scale
@@ -68,7 +128,7 @@ def _attend(qv, kk, vv, blocks, j0, n, mrow, scale, o):
                 l += e
                 vr = vb[j - b * B]
                 for d in range(o.shape[0]):
-                    o[d] += e * vr[d]
+                    o[d] += e * kv_load(vr[d])
     for d in range(o.shape[0]):
         o[d] = o[d] / l
 
@@ -100,13 +160,13 @@ _ATTENTION = TwoBuilds(_attention)
 
 def attention(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, table: np.ndarray, slot: torch.Tensor,
               pos: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor:
-    """q (R, Hq, D); kt (Hkv, P, D, B); v (Hkv, P, B, D); table (S, NB) int32 (a slot's blocks);
-    slot, pos (R,) int64 -> (R, Hq, D)."""
+    """q (R, Hq, D); kt (Hkv, P, D, B); v (Hkv, P, B, D) float32 or bfloat16; table (S, NB) int32 (a
+    slot's blocks); slot, pos (R,) int64 -> (R, Hq, D)."""
     out = torch.empty_like(q)
     if q.shape[0]:
         R, Hq, D = q.shape
         work = R * Hq * D * (int(pos.max()) + 1) * 2
-        _ATTENTION.run(work, SERIAL_WORK, q.contiguous().numpy(), kt.numpy(), v.numpy(), table, slot.numpy(),
+        _ATTENTION.run(work, SERIAL_WORK, q.contiguous().numpy(), as_numpy(kt), as_numpy(v), table, slot.numpy(),
                        pos.numpy(), np.float32(scale), window, out.numpy())
     return out
 

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from .attention import as_numpy, kv_store
+
 
 # ---------------------------------------------------------------------------------------------
 # RMSNorm over rows: y = x / sqrt(mean(x^2) + eps) * w. Sum of squares in index order.
@@ -130,8 +132,8 @@ def _qkv_rope_cache(qkv, Hq, Hkv, D, q_norm, k_norm, eps, cos, sin, table, slot,
                 x = tmp
             _rope_head(x, c, sn, kr)
             for d in range(D):
-                kt[g, blk, d, off] = kr[d]
-            v[g, blk, off, :] = row[(Hq + Hkv + g) * D:(Hq + Hkv + g + 1) * D]
+                kt[g, blk, d, off] = kv_store(kr[d], kt)
+                v[g, blk, off, d] = kv_store(row[(Hq + Hkv + g) * D + d], v)
     return q_out
 
 
@@ -139,12 +141,12 @@ def qkv_rope_cache(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int, q_
                    k_norm: np.ndarray, eps: float, cos: torch.Tensor, sin: torch.Tensor, table: np.ndarray,
                    slot: torch.Tensor, pos: torch.Tensor, kt: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """qkv (R, (Hq + 2 Hkv) D) -> rotated q (R, Hq, D); writes rotated k and v into the paged cache,
-    kt (Hkv, P, D, B) and v (Hkv, P, B, D), at position pos of slot's blocks (table (S, NB) int32,
+    kt (Hkv, P, D, B) and v (Hkv, P, B, D) (float32, or bfloat16: each entry rounded once), at position pos of slot's blocks (table (S, NB) int32,
     the blocks allocated). q_norm / k_norm: (D,) weights or empty arrays."""
     q = torch.empty(qkv.shape[0], n_heads, head_dim)
     if qkv.shape[0]:
         _qkv_rope_cache(qkv.contiguous().numpy(), n_heads, n_kv, head_dim, q_norm, k_norm, np.float32(eps),
-                        cos.numpy(), sin.numpy(), table, slot.numpy(), pos.numpy(), kt.numpy(), v.numpy(), q.numpy())
+                        cos.numpy(), sin.numpy(), table, slot.numpy(), pos.numpy(), as_numpy(kt), as_numpy(v), q.numpy())
     return q
 
 

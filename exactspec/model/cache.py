@@ -25,23 +25,28 @@ from ..kernels.attention import BLOCK
 from .memory import ensure_fits
 
 
-def block_bytes(n_layers: int, n_kv_heads: int, head_dim: int) -> int:
-    """Bytes of one KV block: BLOCK positions of every layer, keys and values, float32."""
-    return 2 * n_layers * n_kv_heads * head_dim * BLOCK * 4
+KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # how keys and values are stored
+
+
+def block_bytes(n_layers: int, n_kv_heads: int, head_dim: int, kv_dtype: str = "float32") -> int:
+    """Bytes of one KV block: BLOCK positions of every layer, keys and values."""
+    return 2 * n_layers * n_kv_heads * head_dim * BLOCK * KV_DTYPES[kv_dtype].itemsize
 
 
 class KVCache:
     def __init__(self, n_layers: int, n_slots: int, n_kv_heads: int, head_dim: int, capacity: int,
-                 spare_blocks: int = 0):
-        """`spare_blocks`: room beyond every slot at full capacity, for blocks the prefix cache keeps."""
+                 spare_blocks: int = 0, kv_dtype: str = "float32"):
+        """`spare_blocks`: room beyond every slot at full capacity, for blocks the prefix cache keeps.
+        `kv_dtype`: "float32", or "bfloat16" (each key and value rounded once when written)."""
         self.capacity, self.n_slots = capacity, n_slots
         per_slot = -(-capacity // BLOCK)
         n_blocks = n_slots * per_slot + spare_blocks  # every slot full + the kept ones: reserve never runs out
-        ensure_fits(n_blocks * block_bytes(n_layers, n_kv_heads, head_dim),
+        ensure_fits(n_blocks * block_bytes(n_layers, n_kv_heads, head_dim, kv_dtype),
                     f"a KV cache for {n_slots} sequences x {capacity} positions (max_batch x max_context)",
                     "max_context")
-        self.k = torch.empty(n_layers, n_kv_heads, n_blocks, head_dim, BLOCK)  # (L, Hkv, P, D, B)
-        self.v = torch.empty(n_layers, n_kv_heads, n_blocks, BLOCK, head_dim)  # (L, Hkv, P, B, D)
+        dt = KV_DTYPES[kv_dtype]
+        self.k = torch.empty(n_layers, n_kv_heads, n_blocks, head_dim, BLOCK, dtype=dt)  # (L, Hkv, P, D, B)
+        self.v = torch.empty(n_layers, n_kv_heads, n_blocks, BLOCK, head_dim, dtype=dt)  # (L, Hkv, P, B, D)
         self.table = np.full((n_slots, per_slot), -1, np.int32)
         self._free = list(range(n_blocks))  # a heap: the lowest free block first
         self.refs = np.zeros(n_blocks, np.int32)  # holders of each block (slots, the prefix cache)
@@ -75,14 +80,14 @@ class KVCache:
             heapq.heappush(self._free, block)
 
     def gather(self, slot: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of the slot's positions 0..n-1, contiguous: (L, Hkv, n, D) each."""
+        """Keys and values of the slot's positions 0..n-1, contiguous: (L, Hkv, n, D) each, float32."""
         blocks = torch.from_numpy(self.table[slot, : -(-n // BLOCK)].astype(np.int64))
         if n and int(blocks.min()) < 0:
             raise IndexError(f"gather: slot {slot} holds fewer than {n} positions")
         L, H, _, D, B = self.k.shape
         k = self.k[:, :, blocks].permute(0, 1, 2, 4, 3).reshape(L, H, -1, D)[:, :, :n]
         v = self.v[:, :, blocks].reshape(L, H, -1, D)[:, :, :n]
-        return k, v
+        return k.float(), v.float()
 
     def release(self, slot: int) -> None:
         """The slot's sequence ended: its blocks go back to the pool."""

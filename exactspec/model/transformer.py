@@ -76,6 +76,8 @@ def inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 
 class Transformer:
+    kv_dtype = "float32"  # how its KV caches store keys and values ("bfloat16": half the memory; api.load)
+
     def __init__(self, cfg: ModelConfig, store: TensorStore, dtype: str, max_context: int, quant: str = "none",
                  activations: str = "int8"):
         """quant: "none", "keep" or a quantizer; activations: "int8" or "float32" (see pack.Packer)."""
@@ -142,12 +144,13 @@ class Transformer:
 
     def new_cache(self, n_slots: int, capacity: int, spare_blocks: int = 0) -> KVCache:
         c = self.cfg
-        return KVCache(c.n_layers, n_slots, c.n_kv_heads, c.head_dim, min(capacity, self.max_context), spare_blocks)
+        return KVCache(c.n_layers, n_slots, c.n_kv_heads, c.head_dim, min(capacity, self.max_context), spare_blocks,
+                       self.kv_dtype)
 
     @property
     def block_bytes(self) -> int:
         """Bytes of one block of this model's KV cache."""
-        return block_bytes(self.cfg.n_layers, self.cfg.n_kv_heads, self.cfg.head_dim)
+        return block_bytes(self.cfg.n_layers, self.cfg.n_kv_heads, self.cfg.head_dim, self.kv_dtype)
 
     def _check(self, tokens: np.ndarray, pos: np.ndarray, slot: np.ndarray, cache: KVCache) -> None:
         # Not an input check (request.make_request / check_prompt do those, once): a guard for the
@@ -173,7 +176,7 @@ class Transformer:
         rows = np.arange(t.shape[0]) if out_rows is None else out_rows.numpy()
         logits = F.forward(self.stack, t, self._embed_np, s, p, rows, self.norm, self.lm_head, c.n_heads,
                            c.n_kv_heads, c.head_dim, c.rms_norm_eps, self.scale, c.sliding_window or 0, self._cos_np,
-                           self._sin_np, cache.table, cache.k.numpy(), cache.v.numpy())
+                           self._sin_np, cache.table, K.as_numpy(cache.k), K.as_numpy(cache.v))
         return torch.from_numpy(logits)
 
     def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
