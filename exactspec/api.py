@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from .decode.drafters import DraftModelDrafter, Drafter, LookupDrafter, NgramPool, PoolDrafter
@@ -154,8 +155,9 @@ class Model:
         seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
             raise InvalidRequest(f"seed: {len(seeds)} seeds for {len(prompts)} prompts", "seed")
-        preds = list(prediction) if isinstance(prediction, (list, tuple)) and prediction and \
-            not isinstance(prediction[0], int) else [prediction] * len(prompts)
+        one_each = isinstance(prediction, (list, tuple)) and len(prediction) > 0 and \
+            (prediction[0] is None or isinstance(prediction[0], (str, list, tuple, np.ndarray)))
+        preds = list(prediction) if one_each else [prediction] * len(prompts)  # one per prompt, or one for all
         if len(preds) != len(prompts):
             raise InvalidRequest(f"prediction: {len(preds)} predictions for {len(prompts)} prompts", "prediction")
         drafter = self.make_drafter(draft, draft_confidence, lookup_max_ngram)

@@ -1,6 +1,7 @@
 """Predicted Outputs (OpenAI's `prediction`): the caller's guess at the output is proposed as drafts.
 Only the speed depends on it: every token (and logprob) is plain decoding's, whether the guess is
 right, edited, or garbage, with or without another drafter, greedy or seeded, alone or in a batch."""
+import numpy as np
 import pytest
 
 import exactspec
@@ -60,5 +61,8 @@ def test_bad_predictions_are_named(ckpt):
     m = exactspec.load(ckpt("llama"))
     with pytest.raises(exactspec.InvalidRequest, match="prediction: token id 99999 outside the vocabulary"):
         m.generate([1, 2], 4, prediction=[3, 99999])
+    ids = m.generate(PROMPTS[0], 12, ignore_eos=True).token_ids
+    got = m.generate_batch(PROMPTS[:2], 12, ignore_eos=True, prediction=[np.int64(t) for t in ids])  # one for all
+    assert got[0].token_ids == ids and got[0].stats.prediction_accepted > 0
     with pytest.raises(exactspec.InvalidRequest, match="prediction: 2 predictions for 3 prompts"):
         m.generate_batch(PROMPTS, 4, prediction=[[1], [2]])
