@@ -99,7 +99,7 @@ class Model:
         rows, seqs = Rows(), []
         for i, (p, c) in enumerate(pairs):
             p = list(self.encode(p))
-            c = list(self.encode(c) if not isinstance(c, str) or not c else self.tokenizer.encode(c, add_special_tokens=False))
+            c = list(self.encode(c) if not isinstance(c, str) or not c else self.encode_text(c))
             if not p:
                 raise InvalidRequest("prompt is empty: the first token has no logprob", "prompt")
             ids = check_prompt(p + c, self.net.limits, "prompt + continuation")
@@ -148,8 +148,8 @@ class Model:
         up to the context. seed=None: greedy ignores it; sampling draws a fresh one, reported in
         stats.seed so the run can be replayed. `prediction`: the expected output (OpenAI's Predicted
         Outputs: a file the answer edits), text or token ids, one for all prompts or a list with one per
-        prompt; proposed as drafts (beside `draft`'s), so it changes the speed only. If decoding fails inside (not the caller's input), raises
-        GenerationError (its `.results` hold every sequence's result, the others complete)."""
+        prompt; proposed as drafts (beside `draft`'s), so it changes the speed only. If decoding fails
+        inside (not the caller's input), raises GenerationError (its `.results` hold every sequence's result, the others complete)."""
         if isinstance(prompts, (str, bytes)):
             raise InvalidRequest("generate_batch takes a list of prompts; use generate for one", "prompts")
         seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * len(prompts)

@@ -72,6 +72,12 @@ class Chunker:
         left = s.credit + grant - (end * (end + 1) - s.fed * (s.fed + 1)) // 2
         s.credit = min(left, max(grant, end + 1))
 
+    def measure(self) -> None:
+        """Measure now what chunking uses (once per model), not inside a request's step."""
+        if self.prefill_chunk:
+            self.rows_beside()
+            self.grants
+
     @property
     def grants(self) -> tuple[int, int]:
         """Key positions a chunk's attention may read per step: held back, and alone."""

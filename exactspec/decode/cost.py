@@ -25,12 +25,9 @@ DECAY = 0.8  # acceptance is counted over about the last 1 / (1 - DECAY) = 5 ver
 PAUSE_MAX = 32  # k = 0 pauses drafting for 1, 2, 4, ... 32 steps, then probes with one draft
 
 
-def _seconds(net: Transformer, n: int, repeat: int = 3) -> float:
-    """The fastest of `repeat` forwards of n rows of one sequence (positions 32.., a short context)."""
-    cache = net.new_cache(1, 32 + n)
-    rows = Rows()
-    rows.add(0, [1] * n, 32, logits_from=0)
-    rows.forward(net, cache)  # warm (a first call may compile)
+def _fastest(net: Transformer, cache, rows: Rows, repeat: int = 3) -> float:
+    """The fastest of `repeat` runs of `rows`' forward, after one to warm (a first call may compile)."""
+    rows.forward(net, cache)
     best = float("inf")
     for _ in range(repeat):
         t = time.perf_counter()
@@ -39,20 +36,23 @@ def _seconds(net: Transformer, n: int, repeat: int = 3) -> float:
     return best
 
 
-def _row_at(net: Transformer, pos: int, repeat: int = 3) -> float:
-    """The fastest of `repeat` forwards of one row at `pos` (its attention reads pos + 1 keys)."""
-    cache = net.new_cache(1, pos + 1)
+def _seconds(net: Transformer, n: int) -> float:
+    """A forward of n rows of one sequence (positions 32.., a short context)."""
     rows = Rows()
-    rows.add(0, [1] * (pos + 1), 0, logits_from=None)  # write the keys once
-    rows.forward(net, cache)
+    rows.add(0, [1] * n, 32, logits_from=0)
+    return _fastest(net, net.new_cache(1, 32 + n), rows)
+
+
+def _row_at(net: Transformer, pos: int) -> float:
+    """A forward of one row at `pos` (its attention reads pos + 1 keys)."""
+    cache = net.new_cache(1, pos + 1)
+    if pos:
+        keys = Rows()
+        keys.add(0, [1] * pos, 0)  # the keys before it, written once
+        keys.forward(net, cache)
     one = Rows()
     one.add(0, [1], pos)
-    best = float("inf")
-    for _ in range(repeat + 1):
-        t = time.perf_counter()
-        one.forward(net, cache)
-        best = min(best, time.perf_counter() - t)
-    return best
+    return _fastest(net, cache, one)
 
 
 def attention_cost(net: Transformer) -> float:

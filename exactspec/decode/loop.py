@@ -153,7 +153,6 @@ class Batch:
         self._free = list(range(n_slots - 1, -1, -1))
         self.seqs: list[SeqState] = []
         self.stats = BatchStats()
-        self._costs, self._per_draft = None, 0.0  # verify costs and a draft token's, for num_draft_tokens="auto"
         if drafter is not None:
             drafter.begin(n_slots, self.capacity)
 
@@ -262,9 +261,7 @@ class Batch:
     def measure(self) -> None:
         """Measure now what chunking and num_draft_tokens="auto" use (once per model, well under a
         second for SmolLM2): a server does it at start, not inside a request's step."""
-        if self.prefill_chunk:
-            self.chunker.rows_beside()
-            self.chunker.grants
+        self.chunker.measure()
         verify_costs(self.target)
         if self.drafter is not None:
             self.drafter.cost_per_token(self.target)
@@ -317,10 +314,8 @@ class Batch:
         """num_draft_tokens="auto": the next k by cost (decode/cost.py); none worth drafting: pause
         1, 2, 4, ... steps, then probe with one draft token."""
         s.acceptance.add(proposed, accepted)
-        if self._costs is None:  # measured once per model, at the first need
-            self._costs = verify_costs(self.target)
-            self._per_draft = self.drafter.cost_per_token(self.target) if self.drafter is not None else 0.0
-        k = best_k(s.acceptance.alpha, self._costs, 0.0 if s.predicted else self._per_draft, s.req.draft_len.max_k)
+        per_draft = self.drafter.cost_per_token(self.target) if self.drafter is not None and not s.predicted else 0.0
+        k = best_k(s.acceptance.alpha, verify_costs(self.target), per_draft, s.req.draft_len.max_k)  # both measured once
         if k:
             s.k, s.backoff = k, 1
         else:

@@ -81,7 +81,7 @@ def _kv_store(x, dest):
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
-    """A KV tensor as the kernels take it: float32, or a bfloat16 tensor's bits as uint16."""
+    """A tensor as the kernels take it: float32 as is, bfloat16 (a KV cache, an embedding) as its bits in uint16."""
     return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
 
 

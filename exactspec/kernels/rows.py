@@ -141,8 +141,8 @@ def qkv_rope_cache(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int, q_
                    k_norm: np.ndarray, eps: float, cos: torch.Tensor, sin: torch.Tensor, table: np.ndarray,
                    slot: torch.Tensor, pos: torch.Tensor, kt: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """qkv (R, (Hq + 2 Hkv) D) -> rotated q (R, Hq, D); writes rotated k and v into the paged cache,
-    kt (Hkv, P, D, B) and v (Hkv, P, B, D) (float32, or bfloat16: each entry rounded once), at position pos of slot's blocks (table (S, NB) int32,
-    the blocks allocated). q_norm / k_norm: (D,) weights or empty arrays."""
+    kt (Hkv, P, D, B) and v (Hkv, P, B, D) (float32, or bfloat16: each entry rounded once), at position
+    pos of slot's blocks (table (S, NB) int32, the blocks allocated). q_norm / k_norm: (D,) weights or empty arrays."""
     q = torch.empty(qkv.shape[0], n_heads, head_dim)
     if qkv.shape[0]:
         _qkv_rope_cache(qkv.contiguous().numpy(), n_heads, n_kv, head_dim, q_norm, k_norm, np.float32(eps),

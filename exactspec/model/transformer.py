@@ -115,7 +115,7 @@ class Transformer:
             self._embed_np = embed.data  # F.embed_rows reads row t from lane t % NL of block t // NL
         else:
             e = embed.contiguous()
-            self._embed_np = e.view(torch.int16).numpy().view(np.uint16) if e.dtype == torch.bfloat16 else e.numpy()
+            self._embed_np = K.as_numpy(e)
         self._cos_np, self._sin_np = self.cos.numpy(), self.sin.numpy()
         # Weights are read-only from here on (the kernels never write them). Also one numba type for
         # every way a model is made: arrays from Ray's object store are read-only, and a read-only

@@ -123,7 +123,7 @@ class Server:
         messages = [{"role": msg.role, "content": msg.text(), **({"name": msg.name} if msg.name else {})}
                     for msg in r.messages]
         text = chat.render(self.model.tokenizer.config, messages, max_chars=self.opts.max_prompt_chars)
-        return self.model.tokenizer.encode(text, add_special_tokens=False)
+        return self.model.encode_text(text)
 
     async def _respond(self, kind: str, r: _Sampling, reqs: list[Request], http: HTTPRequest,
                        want_lp: bool = False, echo: bool = False):
@@ -229,11 +229,12 @@ class Server:
                 raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
             prompt = await asyncio.to_thread(self._chat_prompt, r)
             limit = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens  # 0 is a limit
-            if len(r.predicted()) > self.opts.max_prompt_chars:
+            predicted = r.predicted()
+            if len(predicted) > self.opts.max_prompt_chars:
                 raise APIError(400, f"prediction: more than {self.opts.max_prompt_chars} characters", param="prediction")
             reqs = await asyncio.to_thread(self._requests, r, prompt, limit, r.n,
                                            (r.top_logprobs or 0) if r.logprobs else None, self._scope(r, http),
-                                           prediction=r.predicted())
+                                           prediction=predicted)
             return await self._respond("chat", r, reqs, http, r.logprobs)
 
         return Guard(BodyLimit(app, opts.max_body_bytes), opts, m, lambda: self.draining_since is not None)
