@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .decode.drafters import DraftModelDrafter, Drafter, LookupDrafter, NgramPool, PoolDrafter
+from .decode.head import Head, HeadDrafter, load_head, shipped_head
 from .decode.loop import BatchStats, Stats, run_batch
 from .decode.request import Limits, Request, check_prompt, make_request
 from .decode.sampling import SamplingParams, TokenLogprob, token_logprobs
@@ -44,6 +45,7 @@ class Model:
         self.folder, self.cfg, self.net, self.tokenizer, self.eos_token_ids = folder, cfg, net, tokenizer, eos
         self._same_vocab: weakref.WeakSet = weakref.WeakSet()  # draft Models whose tokenizer matched ours
         self._pool: NgramPool | None = None  # draft="pool": the n-grams of this model's earlier sequences
+        self._heads: dict[str | None, Head] = {}  # draft="head[:PATH]": loaded once
 
     def __getstate__(self) -> dict:  # Ray's object store (exactspec.serve.ray); a WeakSet does not pickle
         s = dict(self.__dict__)
@@ -142,8 +144,9 @@ class Model:
                        prediction: "None | str | Sequence[int] | Sequence[None | str | Sequence[int]]" = None,
                        on_text: Callable[[int, str], None] | None = None) -> list[GenerationResult]:
         """Decode a batch of prompts. `draft`: None (plain), "lookup" (prompt lookup), "pool" (prompt
-        lookup, then the n-grams of the sequences this Model decoded before) or another Model sharing
-        the tokenizer. The token ids never depend on draft, num_draft_tokens or
+        lookup, then the n-grams of the sequences this Model decoded before), "head" / "head:PATH" (a
+        head on this model's hidden states, decode/head.py) or another Model sharing the tokenizer. The
+        token ids never depend on draft, num_draft_tokens or
         the batch: only on the prompt, the sampling parameters and the seed. max_new_tokens=None:
         up to the context. seed=None: greedy ignores it; sampling draws a fresh one, reported in
         stats.seed so the run can be replayed. `prediction`: the expected output (OpenAI's Predicted
@@ -190,9 +193,23 @@ class Model:
             raise err from s.error
         return results
 
-    def make_drafter(self, draft, confidence: float = 0.0, max_ngram: int = 3) -> Drafter | None:
-        """The drafter for `draft`, checked against this target: None, "lookup", or a Model with
-        the same vocabulary (a shorter context is fine: it stops drafting at its end)."""
+    def head(self, path: str | Path | None = None) -> Head:
+        """A drafting head for this model (decode/head.py), loaded once: from `path`, or the one shipped
+        in the package for it (SmolLM2-135M-Instruct's). A head trained for another model: a named error."""
+        key = str(path) if path is not None else None
+        if key not in self._heads:
+            if path is None:
+                path = shipped_head(self.net, self.tokenizer)
+                if path is None:
+                    raise InvalidRequest(f"draft='head': no drafting head is shipped for {self.folder.name}; train "
+                                         "one (exactspec distill --head) and pass draft='head:PATH'", "draft")
+            self._heads[key] = load_head(path, self.net, self.tokenizer)
+        return self._heads[key]
+
+    def make_drafter(self, draft: "None | str | Head | Model", confidence: float = 0.0, max_ngram: int = 3) -> Drafter | None:
+        """The drafter for `draft`, checked against this target: None, "lookup", "pool", "head" (the
+        shipped head for this model), "head:PATH", a Head, or a Model with the same vocabulary (a
+        shorter context is fine: it stops drafting at its end)."""
         if draft is None:
             return None
         if isinstance(draft, str):
@@ -202,8 +219,12 @@ class Model:
                 if self._pool is None or self._pool.max_ngram != max_ngram:
                     self._pool = NgramPool(max_ngram)
                 return PoolDrafter(self._pool)
-            raise InvalidRequest(f"draft={draft!r}: unknown drafter (use 'lookup', 'pool', a loaded Model, or None)",
-                                 "draft")
+            if draft == "head" or draft.startswith("head:"):  # a head on this model's hidden states
+                return HeadDrafter(self.head(draft[5:] or None), self.net)
+            raise InvalidRequest(f"draft={draft!r}: unknown drafter (use 'lookup', 'pool', 'head', 'head:PATH', a "
+                                 "loaded Model, or None)", "draft")
+        if isinstance(draft, Head):
+            return HeadDrafter(draft, self.net)
         if isinstance(draft, Model):
             if draft.cfg.vocab_size != self.cfg.vocab_size:
                 raise InvalidRequest(

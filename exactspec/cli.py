@@ -179,7 +179,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import load, set_num_threads
-    from .decode.drafters import NAMED as NAMED_DRAFTERS
+    from .decode.drafters import is_named
     from .serve.app import serve
     from .serve.options import ServeOptions
     if a.model is None:  # the demo's model, as `exactspec demo` fetches it
@@ -202,7 +202,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     model = load(a.model, dtype=a.dtype, max_context=a.max_context, quantize=a.quantize, activations=a.activations,
                  kv_dtype=a.kv_dtype)
     draft = None
-    if a.draft is not None and a.draft not in NAMED_DRAFTERS:
+    if a.draft is not None and not is_named(a.draft):
         draft = load(a.draft, dtype=a.dtype, max_context=model.net.max_context, quantize=a.quantize,
                      activations=a.activations, kv_dtype=a.kv_dtype)
     name = a.name or Path(a.model).name.removesuffix(".gguf")
@@ -211,7 +211,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         exact_ray.run(model, name, a.host, a.port, draft if draft is not None else a.draft, a.num_draft_tokens, opts,
                       scaling, a.ray_address)
         return 0
-    drafter = model.make_drafter(a.draft if a.draft in NAMED_DRAFTERS else draft)
+    drafter = model.make_drafter(a.draft if is_named(a.draft) else draft)
     serve(model, name, a.host, a.port, drafter, a.num_draft_tokens, opts)
     return 0
 
@@ -238,13 +238,13 @@ def cmd_distill(a: argparse.Namespace) -> int:
 
 def cmd_generate(a: argparse.Namespace) -> int:
     from . import load, set_num_threads
-    from .decode.drafters import NAMED as NAMED_DRAFTERS
+    from .decode.drafters import is_named
     from .decode.sampling import SamplingParams
     if a.threads is not None:
         set_num_threads(a.threads)
     model = load(a.model, dtype=a.dtype, quantize=a.quantize, activations=a.activations, kv_dtype=a.kv_dtype)
     draft = a.draft
-    if draft is not None and draft not in NAMED_DRAFTERS:
+    if draft is not None and not is_named(draft):
         draft = load(draft, dtype=a.draft_dtype or a.dtype, quantize=a.quantize, activations=a.activations,
                      kv_dtype=a.kv_dtype)
 

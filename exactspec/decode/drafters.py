@@ -4,6 +4,9 @@ Protocol (knows only token ids and slots):
   begin(n_slots, capacity)                 a new batch of sequences, one slot each
   propose(slots, seqs, ks, params) -> list of up to ks[i] draft tokens for seqs[i]
   release(slot)                            the slot's sequence left; the slot may get a new one
+  observe(slot, start, hidden)             (drafters with wants_hidden) the target's final-normed
+                                           states of positions start, start + 1, ... of the slot's
+                                           sequence, from the forward that verified them
 A drafter may return fewer tokens than asked (the lookup found nothing; low confidence; the
 sequence outgrew a draft model's context). What was accepted it learns from the next `seqs`.
 """
@@ -20,12 +23,18 @@ from .cost import one_row_seconds
 from .sampling import SamplingParams, pick
 
 
-NAMED = ("lookup", "pool")  # drafters chosen by name (draft="lookup"); anything else names a draft model
+NAMED = ("lookup", "pool", "head")  # drafters chosen by name (draft="lookup"); "head:PATH" too; else a draft model
+
+
+def is_named(draft: object) -> bool:
+    """A drafter chosen by name ("lookup", "pool", "head", "head:PATH"), not a draft model to load."""
+    return isinstance(draft, str) and (draft in NAMED or draft.startswith("head:"))
 
 
 class Drafter:
     """The base: keeps no per-slot state (begin and release do nothing); counts its forwards."""
     forward_passes: int = 0
+    wants_hidden: bool = False  # the loop asks the target's forward for hidden states, and calls observe
 
     def begin(self, n_slots: int, capacity: int) -> None:
         pass
@@ -35,6 +44,9 @@ class Drafter:
         raise NotImplementedError
 
     def release(self, slot: int) -> None:
+        pass
+
+    def observe(self, slot: int, start: int, hidden: np.ndarray) -> None:
         pass
 
     def cost_per_token(self, target: Transformer) -> float:

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
 from .chunking import Chunker
@@ -214,14 +215,18 @@ class Batch:
         try:
             drafts = self._propose(old)
             self._ends, busy = self.chunker.plan(new, old)
-            logits = self._rows(new, old, drafts).forward(self.target, self.cache)
+            rows = self._rows(new, old, drafts)
+            hidden = None  # every row's final-normed state, for a drafter that reads them (decode/head.py)
+            if self.drafter is not None and self.drafter.wants_hidden:
+                hidden = np.empty((len(rows.tok), self.target.cfg.hidden_size), np.float32)
+            logits = rows.forward(self.target, self.cache, hidden=hidden)
         except Exception as e:
             if len(live) > 1:
                 return [x for s in live for x in self._step([s])]
             self._fail(live[0], e)
             return [(live[0], [])]
         self.stats.forward_passes += 1
-        return self._accept(new, old, drafts, logits, busy)
+        return self._accept(new, old, drafts, logits, busy, hidden)
 
     def _fail(self, s: SeqState, e: Exception) -> None:
         s.finish_reason, s.error = "error", e
@@ -267,12 +272,17 @@ class Batch:
             self.drafter.cost_per_token(self.target)
 
     def _accept(self, new: list[SeqState], old: list[SeqState], drafts: list[list[int]],
-                logits: torch.Tensor, busy: list[bool]) -> list[tuple[SeqState, list[int]]]:
-        """Pick the target's token at every row; keep the drafts up to the first disagreement."""
-        out, r = [], 0
+                logits: torch.Tensor, busy: list[bool], hidden: np.ndarray | None = None
+                ) -> list[tuple[SeqState, list[int]]]:
+        """Pick the target's token at every row; keep the drafts up to the first disagreement. The
+        states of the rows whose prefix is now committed go to the drafter, if it reads them."""
+        out, r, h = [], 0, 0  # r: logits row, h: forward row
         for s, end, b in zip(new, self._ends, busy):
             if b:
                 self.chunker.spend(s, end)
+            if hidden is not None:
+                self.drafter.observe(s.slot, s.fed, hidden[h: h + end - s.fed])
+                h += end - s.fed
             s.fed = end
             if not s.prefilled:  # a chunk of the prompt: no logits yet
                 out.append((s, []))
@@ -289,6 +299,7 @@ class Batch:
             n = len(s.tokens)
             rows = logits[r: r + len(d) + 1]
             r += len(d) + 1
+            h += len(d) + 1
             try:
                 choice = pick_rows(rows, s.req.params, range(n, n + len(d) + 1), s.tokens, d)
             except Exception as e:
@@ -298,6 +309,8 @@ class Batch:
             a = 0
             while a < len(d) and d[a] == choice[a]:
                 a += 1
+            if hidden is not None:  # positions n-1 .. n-1+a: their prefixes are committed
+                self.drafter.observe(s.slot, n - 1, hidden[h - len(d) - 1: h - len(d) + a])
             s.stats.count_step(len(d), a)
             if s.predicted:
                 s.stats.prediction_accepted += a

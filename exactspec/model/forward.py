@@ -148,14 +148,17 @@ def _linear_at(xa, w, i, bias, y, b, mode):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _forward(rows, top, layers, dims, cache, logits):
-    # rows: tokens, slot, pos (R,) int64 and out_rows (n,) int64 -> logits (n, V) float32.
+def _forward(rows, top, layers, dims, cache, logits, hidden):
+    # rows: tokens, slot, pos (R,) int64, out_rows (n,) int64 and x_in (R, H) float32 or (0, H): the
+    # rows to start from instead of the tokens' embeddings (a drafting head's inputs) -> logits (n, V)
+    # float32; hidden (R, H) or (0, H): every row's final-normed hidden state, when asked (a drafting
+    # head reads the target's). Neither changes a logit.
     # top: embed, final norm, head; layers: the Stack's arrays (a leading layer axis each; each linear
     # kind as (a, alt, sel), see Stack); dims: heads, kv heads, head dim, I (the intermediate size: the
     # packed weights' shapes do not show it, a Q8_0 weight's second axis counts groups of 32), the
     # outputs of wqkv (all of q, k, v unless v is apart: wv), eps, scale, window; cache: rope tables,
     # the block table (S, NB) and the paged K/V cache.
-    tokens, slot, pos, out_rows = rows
+    tokens, slot, pos, out_rows, x_in = rows
     embed, norm, head = top
     attn_norm, wqkv, bqkv, wv, bv, q_norm, k_norm, wo, bo, mlp_norm, wgu, bgu, wdown, bdown = layers
     Hq, Hkv, D, I, nqk, eps, scale, window = dims
@@ -163,7 +166,10 @@ def _forward(rows, top, layers, dims, cache, logits):
     R = tokens.shape[0]
     H = norm.shape[0]
     x = np.empty((R, H), np.float32)  # the residual stream
-    _embed(embed, tokens, x)
+    if x_in.shape[0]:
+        x[:] = x_in
+    else:
+        _embed(embed, tokens, x)
     L = attn_norm.shape[0]
     nqkv = (Hq + 2 * Hkv) * D
     h = np.empty((R, H), np.float32)
@@ -202,6 +208,8 @@ def _forward(rows, top, layers, dims, cache, logits):
     for r in range(n):
         xs[r] = x[out_rows[r]]
     _rmsnorm(xs, norm, eps, hf)
+    if hidden.shape[0]:
+        _rmsnorm(x, norm, eps, hidden)
     hfa = acts(hf, head, ab)
     for b in prange(head.shape[0]):
         _linear_block(hfa, head, np.empty(0, np.float32), logits, b, STORE)
@@ -324,12 +332,16 @@ class Stack:
 def forward(st: Stack, tokens: np.ndarray, embed: np.ndarray, slot: np.ndarray, pos: np.ndarray,
             out_rows: np.ndarray, norm: np.ndarray, head: PackedWeight, Hq: int, Hkv: int, D: int, eps: float,
             scale: float, window: int, cos: np.ndarray, sin: np.ndarray, table: np.ndarray, kc: np.ndarray,
-            vc: np.ndarray) -> np.ndarray:
+            vc: np.ndarray, x_in: np.ndarray | None = None, hidden: np.ndarray | None = None) -> np.ndarray:
     """tokens, slot, pos (R,) int64 (checked by the caller), embed (V, H) float32 or uint16 (bf16 bits),
-    out_rows (n,) int64 -> logits (n, V) float32."""
+    out_rows (n,) int64 -> logits (n, V) float32. x_in (R, H) float32: the rows to start from in place
+    of the tokens' embeddings; hidden (R, H) float32: filled with every row's final-normed state."""
     logits = np.empty((out_rows.shape[0], head.n), np.float32)
     if tokens.shape[0] == 0:
         return logits
+    H = norm.shape[0]
+    x_in = np.empty((0, H), np.float32) if x_in is None else x_in
+    hidden = np.empty((0, H), np.float32) if hidden is None else hidden
     dims = (Hq, Hkv, D, st.shapes["w_down"][1], st.shapes["wqkv"][0], np.float32(eps), np.float32(scale), window)
-    return _FORWARD.run(tokens.shape[0] * (st.work + head.n * head.k), SERIAL_FORWARD, (tokens, slot, pos, out_rows),
-                        (embed, norm, head.data), st.layers, dims, (cos, sin, table, kc, vc), logits)
+    return _FORWARD.run(tokens.shape[0] * (st.work + head.n * head.k), SERIAL_FORWARD, (tokens, slot, pos, out_rows, x_in),
+                        (embed, norm, head.data), st.layers, dims, (cos, sin, table, kc, vc), logits, hidden)

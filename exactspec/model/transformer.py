@@ -52,9 +52,11 @@ class Rows:
         self.pos += range(start, start + len(tokens))
         self.out += [len(self.tok) - 1] if logits_from is None else range(first + logits_from, len(self.tok))
 
-    def forward(self, net: "Transformer", cache: KVCache) -> torch.Tensor:
-        """(len(out), V) float32 logits; writes every row's keys and values into `cache`."""
-        return net.forward(int64s(self.tok), int64s(self.slot), int64s(self.pos), cache, int64s(self.out))
+    def forward(self, net: "Transformer", cache: KVCache, x_in: np.ndarray | None = None,
+                hidden: np.ndarray | None = None) -> torch.Tensor:
+        """(len(out), V) float32 logits; writes every row's keys and values into `cache`. x_in, hidden:
+        see Transformer.forward."""
+        return net.forward(int64s(self.tok), int64s(self.slot), int64s(self.pos), cache, int64s(self.out), x_in, hidden)
 
 
 def inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -163,11 +165,14 @@ class Transformer:
                              f"{int(pos.max())} of {cache.capacity}, slots up to {int(slot.max())} of {cache.n_slots})")
 
     def forward(self, tokens: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, cache: KVCache,
-                out_rows: torch.Tensor | None = None) -> torch.Tensor:
+                out_rows: torch.Tensor | None = None, x_in: np.ndarray | None = None,
+                hidden: np.ndarray | None = None) -> torch.Tensor:
         """tokens, slot, pos (R,) int64 -> logits (len(out_rows) or R, V) float32, in one compiled call.
 
         Writes each row's keys/values into `cache` at (slot, pos); which positions are valid is the
-        caller's (decode loop's) business. Bitwise equal to `forward_ref`.
+        caller's (decode loop's) business. Bitwise equal to `forward_ref`. x_in (R, H) float32: start
+        from these rows instead of the tokens' embeddings (a drafting head, decode/head.py); hidden
+        (R, H) float32: filled with every row's final-normed hidden state (what the head reads).
         """
         t, s, p = tokens.numpy(), slot.numpy(), pos.numpy()
         self._check(t, p, s, cache)
@@ -176,7 +181,7 @@ class Transformer:
         rows = np.arange(t.shape[0]) if out_rows is None else out_rows.numpy()
         logits = F.forward(self.stack, t, self._embed_np, s, p, rows, self.norm, self.lm_head, c.n_heads,
                            c.n_kv_heads, c.head_dim, c.rms_norm_eps, self.scale, c.sliding_window or 0, self._cos_np,
-                           self._sin_np, cache.table, K.as_numpy(cache.k), K.as_numpy(cache.v))
+                           self._sin_np, cache.table, K.as_numpy(cache.k), K.as_numpy(cache.v), x_in, hidden)
         return torch.from_numpy(logits)
 
     def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:

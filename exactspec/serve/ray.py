@@ -29,7 +29,7 @@ import ray
 from ray import serve
 
 from ..api import Model
-from ..decode.drafters import NAMED as NAMED_DRAFTERS
+from ..decode.drafters import is_named
 from ..kernels import set_num_threads
 from .app import Server
 from .options import ServeOptions
@@ -73,7 +73,7 @@ class Replica:
         set_num_threads(threads)
         model: Model = ray.get(shared["model"])
         drafter = None
-        if draft in NAMED_DRAFTERS:
+        if is_named(draft):
             drafter = model.make_drafter(draft)
         elif shared.get("draft") is not None:
             drafter = model.make_drafter(ray.get(shared["draft"]))

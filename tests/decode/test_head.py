@@ -1,0 +1,130 @@
+"""The drafting head on the target's hidden states (decode/head.py, head_train.py). Only the speed
+depends on it: tokens (and logprobs) are plain decoding's for any k, sampling, batch, chunking,
+prefix-cache hit and thread count. A head trained for another model is refused by name."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import exactspec
+from exactspec import head_train as HT
+from exactspec import kernels as K
+from exactspec.decode import loop
+from exactspec.decode.head import HeadDrafter, load_head
+from exactspec.errors import CheckpointError, InvalidRequest
+from exactspec.model.transformer import Rows
+
+PROMPTS = [[5, 6, 7, 8], [100, 3, 100, 3, 9], list(range(20, 60)), [7] * 12]
+
+
+@pytest.fixture(scope="module")
+def trained(ckpt, tmp_path_factory):
+    """A head trained for a few seconds on the tiny llama's own greedy outputs (its draft vocabulary
+    128 of its 320 tokens: some targets cannot be drafted at all)."""
+    m = exactspec.load(ckpt("llama"))
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 256, int(rng.integers(3, 20))).tolist() for _ in range(48)]
+    out = tmp_path_factory.mktemp("head")
+    meta = HT.distill_head(m, out, prompts, record_minutes=1.0, train_minutes=0.25, draft_vocab_size=128, max_new=40)
+    return m, out, meta
+
+
+def test_hidden_states_and_input_rows_leave_the_logits_alone(ckpt):
+    m = exactspec.load(ckpt("llama"))
+    net = m.net
+    rows = Rows()
+    rows.add(0, PROMPTS[2], 0, logits_from=0)
+    plain = rows.forward(net, net.new_cache(1, 64))
+    hidden = np.empty((len(PROMPTS[2]), net.cfg.hidden_size), np.float32)
+    x = net.embed_rows(torch.tensor(PROMPTS[2])).numpy()
+    got = rows.forward(net, net.new_cache(1, 64), x_in=x, hidden=hidden)
+    assert torch.equal(got, plain)
+    assert torch.equal(K.linear(torch.from_numpy(hidden), net.lm_head), plain)  # the states the head reads
+
+
+def test_recorded_states_are_the_forward_of_the_transcript(trained):
+    m, _, _ = trained
+    data = HT.record(m, PROMPTS[:2], minutes=1.0, max_new=20)
+    for toks, st in data:
+        rows = Rows()
+        rows.add(0, toks[:-1].tolist(), 0, logits_from=0)
+        hidden = np.empty((len(toks) - 1, m.cfg.hidden_size), np.float32)
+        rows.forward(m.net, m.net.new_cache(1, len(toks)), hidden=hidden)
+        assert np.array_equal(hidden.astype(np.float16), st)
+
+
+def test_the_trained_head_is_saved_with_its_figures(trained):
+    m, out, meta = trained
+    assert meta["draft_vocab"] == 128 and len(meta["acceptance_by_position"]) == 6 and meta["steps"] > 0
+    assert json.loads((out / "head.json").read_text())["target"]["vocab_size"] == m.cfg.vocab_size
+    assert (out / "training.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_head_drafts_change_speed_never_tokens(trained, temperature, monkeypatch):
+    monkeypatch.setattr(loop, "verify_costs", lambda net: np.ones(17))  # the "auto" k: not a timing
+    m, out, _ = trained
+    kw = dict(temperature=temperature, seed=5, ignore_eos=True, logprobs=2)
+    plain = m.generate_batch(PROMPTS, 48, **kw)
+    want = [(r.token_ids, [(x.token, x.logprob, x.top) for x in r.logprobs]) for r in plain]
+    accepted = 0
+    for k in (1, 3, 8, "dynamic", "auto"):
+        got = m.generate_batch(PROMPTS, 48, draft=f"head:{out}", num_draft_tokens=k, **kw)
+        assert [(r.token_ids, [(x.token, x.logprob, x.top) for x in r.logprobs]) for r in got] == want, k
+        accepted += sum(r.stats.accepted for r in got)
+        alone = m.generate(PROMPTS[2], 48, draft=f"head:{out}", num_draft_tokens=k, **kw)
+        assert alone.token_ids == want[2][0], k
+    if temperature == 0.0:
+        assert accepted > 0  # the accept and roll-back paths both ran
+
+
+def test_head_with_chunked_prompts_prefix_hits_and_one_thread(trained):
+    m, out, _ = trained
+    head = m.head(str(out))
+    want = [r.token_ids for r in m.generate_batch(PROMPTS, 30, ignore_eos=True)]
+    for threads in (1, 2):
+        K.set_num_threads(threads)
+        try:
+            batch = loop.Batch(m.net, 3, 128, HeadDrafter(head, m.net), prefill_chunk=7, prefix_blocks=8)
+            for rnd in range(2):  # the second round starts in the first's shared blocks
+                seqs = [batch.add(m.request(p, 30, ignore_eos=True, num_draft_tokens=4)) for p in PROMPTS[2:]]
+                while batch.running:
+                    batch.step()
+                assert [s.generated for s in seqs] == want[2:], (threads, rnd)
+            assert seqs[0].stats.cached_tokens > 0
+        finally:
+            K.set_num_threads(2)
+
+
+def test_a_head_for_another_model_is_refused_by_name(trained, ckpt, tmp_path):
+    m, out, _ = trained
+    other = exactspec.load(ckpt("llama", seed=7, layers=1, hidden=32))
+    with pytest.raises(CheckpointError, match="trained for another model.*hidden_size"):
+        load_head(out, other.net, other.tokenizer)
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    meta = json.loads((bad / "head.json").read_text())
+    meta["target"]["vocab_sha256"] = "0" * 64
+    (bad / "head.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="vocab_sha256"):
+        m.generate(PROMPTS[0], 4, draft=f"head:{bad}")
+    (bad / "head.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no head.safetensors"):
+        load_head(bad, m.net, m.tokenizer)
+    with pytest.raises(InvalidRequest, match="distill --head"):
+        m.generate(PROMPTS[0], 4, draft="head")  # none shipped for the tiny model
+
+
+@pytest.mark.slow
+def test_the_shipped_smollm2_head_drafts_exactly_and_is_accepted(smollm2):
+    from exactspec.text import chat
+    m = exactspec.load(smollm2, max_context=1024)
+    prompts = [chat.render(m.tokenizer.config, [{"role": "user", "content": q}])
+               for q in ("Explain recursion to a beginner.", "Write a Python function that reverses a string.")]
+    want = [r.token_ids for r in m.generate_batch(prompts, 64)]
+    got = m.generate_batch(prompts, 64, draft="head")
+    assert [r.token_ids for r in got] == want
+    s = [r.stats for r in got]
+    assert sum(x.accepted for x in s) / sum(x.proposed for x in s) > 0.3
