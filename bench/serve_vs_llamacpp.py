@@ -5,7 +5,7 @@
     cd llama_cpp_python-0.3.36/vendor/llama.cpp && cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
         -DCMAKE_BUILD_TYPE=Release && cmake --build build -j2 --target llama-server
     python bench/serve_vs_llamacpp.py --llama-server .../build/bin/llama-server [--model FILE] \
-        [--clients 1 4 8] [--tokens 128] [--threads 2]
+        [--clients 1 4 8] [--tokens 128] [--threads 2] [--spec [--llama-draft DRAFT.gguf]] [--system-tokens 500]
 
 One server at a time on loopback (their thread pools would fight over the cores), each with as many
 slots as the largest client count, greedy chat completions of --tokens tokens (EOS ends one earlier),
@@ -34,15 +34,18 @@ PROMPTS = ["What is the capital of France? Answer in one sentence.", "Write a ha
            "Write a limerick about a programmer.", "What are prime numbers? Give examples."]
 
 
-def llama_server(binary: str, model: str, slots: int, threads: int, ctx_per_slot: int = 2048):
+def llama_server(binary: str, model: str, slots: int, threads: int, ctx_per_slot: int = 2048, extra: list[str] = ()):
     return http_server(lambda port: [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t",
-                                     str(threads), "-np", str(slots), "-c", str(ctx_per_slot * slots), "--no-webui"])
+                                     str(threads), "-np", str(slots), "-c", str(ctx_per_slot * slots), "--no-webui",
+                                     *extra])
 
 
-def chat(url: str, prompt: str, tokens: int) -> tuple[str, int, float]:
+def chat(url: str, prompt: str, tokens: int, system: str | None = None, extra: dict | None = None
+         ) -> tuple[str, int, float]:
     """(text, completion tokens, seconds to the first content chunk) of one streamed greedy chat."""
-    body = dict(model="m", messages=[{"role": "user", "content": prompt}], max_tokens=tokens, temperature=0.0,
-                stream=True, stream_options={"include_usage": True})
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    body = dict(model="m", messages=messages, max_tokens=tokens, temperature=0.0, stream=True,
+                stream_options={"include_usage": True}, **(extra or {}))
     t0, first, text, n, chunks = time.perf_counter(), None, [], None, 0
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
@@ -75,6 +78,65 @@ def run_side(url: str, clients: list[int], tokens: int) -> dict[int, dict]:
     return {c: load(url, c, tokens) for c in clients}
 
 
+def one_by_one(url: str, prompts: list[str], tokens: int, system: str | None = None, extra: dict | None = None
+               ) -> dict:
+    """The prompts one at a time (1 client): completion tok/s, TTFT median, texts."""
+    chat(url, "Hello", 4, system, extra)  # warm-up (with a system prompt: it is now cached, where caching is on)
+    t0 = time.perf_counter()
+    got = [chat(url, p, tokens, system, extra) for p in prompts]
+    return dict(tps=sum(g[1] for g in got) / (time.perf_counter() - t0), texts=[g[0] for g in got],
+                ttft=statistics.median(g[2] for g in got))
+
+
+def spec_methods(a, model: str) -> None:
+    """Each side's speculative methods, 1 client: tok/s over its own greedy, texts equal its own greedy."""
+    from exactspec.demo import demo_folder
+    prompts = PROMPTS[: a.spec_prompts]
+    ours = [("greedy", []), ("lookup", ["--draft", "lookup"]), ("pool", ["--draft", "pool"]),
+            ("head", ["--draft", "head"]), ("draft model", ["--draft", str(demo_folder() / "smollm2-draft")])]
+    theirs = [("greedy", []), ("ngram-mod", ["--spec-type", "ngram-mod"]), ("ngram-cache", ["--spec-type", "ngram-cache"])]
+    if a.llama_draft:
+        theirs.append(("draft-simple", ["--spec-type", "draft-simple", "-md", a.llama_draft]))
+    rows = []
+    for side, methods, start in (
+            ("exactspec", ours, lambda extra: serving("--model", model, "--threads", str(a.threads), "--max-batch", "1",
+                                                       *extra)),
+            ("llama-server", theirs, lambda extra: llama_server(a.llama_server, model, 1, a.threads, extra=extra))):
+        base = None
+        for name, extra in methods:
+            with start(extra) as url:
+                r = one_by_one(url, prompts, a.tokens)
+            base = base or r
+            rows.append((side, name, f"{r['tps']:.1f}", f"{r['tps'] / base['tps']:.2f}x",
+                         f"{sum(x == y for x, y in zip(r['texts'], base['texts']))}/{len(prompts)}"))
+    table(("server", "method", "tok/s", "vs its greedy", "texts = its greedy"), rows,
+          f"{model}: speculative methods, 1 client, {len(prompts)} chats x <= {a.tokens} greedy tokens, {a.threads} threads")
+
+
+def system_prompt(a, model: str) -> None:
+    """A repeated ~500-token system prompt, one client: TTFT with each side's prefix reuse off and on."""
+    import exactspec
+    tok = exactspec.load(model).tokenizer
+    unit = "You are a helpful assistant for a hardware store. Be brief, be kind, and never invent prices. "
+    system = unit * (a.system_tokens // len(tok.encode(unit, add_special_tokens=False)) + 1)
+    qs, rows = PROMPTS[:6], []
+    res = {}
+    for mb in (0, 256):
+        with serving("--model", model, "--threads", str(a.threads), "--max-batch", "1", "--prefix-cache-mb",
+                     str(mb)) as url:
+            res["exactspec", mb > 0] = one_by_one(url, qs, 32, system)
+    with llama_server(a.llama_server, model, 1, a.threads) as url:
+        for on in (False, True):
+            res["llama-server", on] = one_by_one(url, qs, 32, system, {"cache_prompt": on})
+    for side in ("exactspec", "llama-server"):
+        off, on = res[side, False], res[side, True]
+        rows.append((side, f"{off['ttft']:.3f}", f"{on['ttft']:.3f}", f"{off['ttft'] / on['ttft']:.1f}x",
+                     f"{sum(x == y for x, y in zip(on['texts'], off['texts']))}/{len(qs)}"))
+    table(("server", "TTFT off (s)", "TTFT on (s)", "off / on", "texts on = off"), rows,
+          f"{model}: a {len(tok.encode(system, add_special_tokens=False))}-token system prompt + {len(qs)} questions, "
+          "one at a time, prefix reuse off / on (exactspec --prefix-cache-mb 0 / 256; llama-server cache_prompt)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-server", required=True, help="path of llama.cpp's llama-server binary")
@@ -82,8 +144,21 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--spec", action="store_true", help="also each side's speculative methods (1 client)")
+    ap.add_argument("--spec-prompts", type=int, default=8)
+    ap.add_argument("--llama-draft", default=None, help="--spec: our draft as GGUF for llama.cpp's draft-simple "
+                    "(python vendor/llama.cpp/convert_hf_to_gguf.py exactspec/assets/smollm2-draft --outfile F --outtype bf16)")
+    ap.add_argument("--system-tokens", type=int, default=0, help="also a repeated system prompt of about this many "
+                    "tokens, prefix reuse off / on (500 in the README)")
+    ap.add_argument("--only-extra", action="store_true", help="skip the client-count table")
     a = ap.parse_args()
     model = default_model(a.model)
+    if a.spec:
+        spec_methods(a, model)
+    if a.system_tokens:
+        system_prompt(a, model)
+    if a.only_extra:
+        return
     slots = max(a.clients)
     with serving("--model", model, "--threads", str(a.threads), "--max-batch", str(slots)) as url:
         ours = run_side(url, a.clients, a.tokens)

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .decode.drafters import DraftModelDrafter, Drafter, LookupDrafter, NgramPool, PoolDrafter
+from .decode.drafters import DraftModelDrafter, Drafter, LookupDrafter, MixDrafter, NgramPool, PoolDrafter
 from .decode.head import Head, HeadDrafter, load_head, shipped_head
 from .decode.loop import BatchStats, Stats, run_batch
 from .decode.request import Limits, Request, check_prompt, make_request
@@ -212,6 +212,14 @@ class Model:
         shorter context is fine: it stops drafting at its end)."""
         if draft is None:
             return None
+        if isinstance(draft, str) and "+" in draft:  # a lookup beside a model drafter: "head+lookup"
+            parts = draft.split("+")
+            free = [p for p in parts if p in ("lookup", "pool")]
+            model = [p for p in parts if p not in ("lookup", "pool")]
+            if len(parts) != 2 or len(free) != 1 or len(model) != 1:
+                raise InvalidRequest(f"draft={draft!r}: join one of 'lookup', 'pool' and one model drafter ('head', "
+                                     "'head:PATH'), e.g. 'head+lookup'", "draft")
+            return MixDrafter(self.make_drafter(free[0], confidence, max_ngram), self.make_drafter(model[0]))
         if isinstance(draft, str):
             if draft == "lookup":
                 return LookupDrafter(max_ngram=max_ngram)

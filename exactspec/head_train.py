@@ -284,8 +284,9 @@ def save_head(net: HeadNet, vocab: np.ndarray, out: Path, meta: dict) -> None:
 
 def distill_head(model, out: Path, prompts: list[str], record_minutes: float = 10.0, train_minutes: float = 15.0,
                  draft_vocab_size: int = 8192, max_new: int = 256, batch: int = 16, data_cache: Path | None = None,
-                 name: str = "") -> dict:
-    """Record the target's answers, train a head on them, save it to `out` (see module doc)."""
+                 name: str = "", init: Path | None = None, lr: float = 1e-3) -> dict:
+    """Record the target's answers, train a head on them (from `init`, a head folder for this model, to
+    train one further), save it to `out` (see module doc)."""
     if data_cache is not None and data_cache.is_file():
         z = np.load(data_cache, allow_pickle=False)
         data = [(z[f"t{i}"], z[f"s{i}"]) for i in range(int(z["n"]))]
@@ -296,12 +297,20 @@ def distill_head(model, out: Path, prompts: list[str], record_minutes: float = 1
                      **{f"s{i}": s for i, (_, s) in enumerate(data)})
     cfg = model.net.cfg
     vocab = draft_vocab(data, min(draft_vocab_size, cfg.vocab_size), model.eos_token_ids, cfg.vocab_size)
+    if init is not None:
+        from safetensors.torch import load_file
+        vocab = load_file(str(init / TENSORS))["vocab"].numpy()
     embed = model.net.embed_rows(torch.arange(cfg.vocab_size))  # (V, H): what the drafter looks up
     head_rows = _lm_rows(model.net, vocab)
     n_val = max(1, len(data) // 50)
     train_set, val_set = data[n_val:], data[:n_val]
     net = HeadNet(cfg, head_rows)
-    stats = fit(net, train_set, embed, train_minutes)
+    if init is not None:
+        from safetensors.torch import load_file
+        net.fc.weight.data.copy_(load_file(str(init / TENSORS))["fc.weight"].float())
+        layer = {k: v.float() for k, v in load_file(str(init / "model.safetensors")).items() if "embed_tokens" not in k}
+        net.layer.load_state_dict(layer, strict=False)
+    stats = fit(net, train_set, embed, train_minutes, lr=lr)
     acc = acceptance(net, val_set, embed, torch.from_numpy(vocab))
     positions = int(sum(len(s) for _, s in data))
     covered = float(np.mean(np.isin(np.concatenate([t[1:] for t, _ in data]), vocab)))

@@ -22,6 +22,8 @@ def test_the_wheel_carries_the_package_and_the_demo_models(tmp_path):
     for model in ("target", "draft", "smollm2-draft"):
         for f in ("config.json", "model.safetensors", "tokenizer.json"):
             assert f"exactspec/assets/{model}/{f}" in names, (model, f)
+    for f in ("config.json", "model.safetensors", "head.json", "head.safetensors"):  # SmolLM2's drafting head
+        assert f"exactspec/assets/smollm2-head/{f}" in names, f
     # installed from the wheel (dependencies from this environment), away from the source tree:
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(tmp_path / "site"),
                     str(wheel)], check=True, timeout=600)

@@ -27,8 +27,9 @@ NAMED = ("lookup", "pool", "head")  # drafters chosen by name (draft="lookup"); 
 
 
 def is_named(draft: object) -> bool:
-    """A drafter chosen by name ("lookup", "pool", "head", "head:PATH"), not a draft model to load."""
-    return isinstance(draft, str) and (draft in NAMED or draft.startswith("head:"))
+    """A drafter chosen by name ("lookup", "pool", "head", "head:PATH", or two joined by "+": "head+lookup"),
+    not a draft model to load."""
+    return isinstance(draft, str) and all(p in NAMED or p.startswith("head:") for p in draft.split("+"))
 
 
 class Drafter:
@@ -236,4 +237,66 @@ class DraftModelDrafter(Drafter):
                     feed[i] = [t]
                     nxt.append(i)
             live = nxt
+        return out
+
+
+class MixDrafter(Drafter):
+    """Prompt lookup (or the pool) beside a model drafter (a head, a draft model): per sequence and step,
+    the lookup's draft when it has one and its acceptance on this sequence (measured online, decayed
+    over ~5 proposals) is at least the model's; else the model drafts (and pays its cost). Lookups cost
+    nothing to ask, so they are asked first, every step."""
+
+    DECAY = 0.8
+
+    def __init__(self, free: LookupDrafter, model: Drafter):
+        self.free, self.model = free, model
+        self.wants_hidden = model.wants_hidden
+
+    @property
+    def forward_passes(self) -> int:  # type: ignore[override]
+        return self.model.forward_passes
+
+    def begin(self, n_slots: int, capacity: int) -> None:
+        self.free.begin(n_slots, capacity)
+        self.model.begin(n_slots, capacity)
+        self.rate = [[0.5, 0.5] for _ in range(n_slots)]  # [lookup, model] acceptance per slot
+        self.last: list[tuple[int, int, list[int]] | None] = [None] * n_slots  # (source, len(seq), draft)
+
+    def release(self, slot: int) -> None:
+        self.free.release(slot)
+        self.model.release(slot)
+        self.rate[slot], self.last[slot] = [0.5, 0.5], None
+
+    def observe(self, slot: int, start: int, hidden: np.ndarray) -> None:
+        self.model.observe(slot, start, hidden)
+
+    def cost_per_token(self, target: Transformer) -> float:
+        return self.model.cost_per_token(target)
+
+    def _learn(self, slot: int, seq: list[int]) -> None:
+        """What the last proposal for slot got accepted: its agreement with the tokens that followed."""
+        if self.last[slot] is None:
+            return
+        src, n, draft = self.last[slot]
+        got = seq[n:n + len(draft)]
+        a = next((i for i, (x, y) in enumerate(zip(draft, got)) if x != y), min(len(draft), len(got)))
+        r = self.rate[slot]
+        r[src] = self.DECAY * r[src] + (1 - self.DECAY) * a / len(draft)
+        self.last[slot] = None
+
+    def propose(self, slots, seqs, ks, params) -> list[list[int]]:
+        for s, seq in zip(slots, seqs):
+            self._learn(s, seq)
+        out = self.free.propose(slots, seqs, ks, params)
+        ask = [i for i, (s, d, k) in enumerate(zip(slots, out, ks))
+               if k > 0 and (not d or self.rate[s][0] < self.rate[s][1])]
+        if ask:
+            got = self.model.propose([slots[i] for i in ask], [seqs[i] for i in ask], [ks[i] for i in ask],
+                                     [params[i] for i in ask])
+            for i, d in zip(ask, got):
+                out[i] = d
+        asked = set(ask)
+        for i, (s, seq, d) in enumerate(zip(slots, seqs, out)):
+            if d:
+                self.last[s] = (1 if i in asked else 0, len(seq), d)
         return out

@@ -71,9 +71,10 @@ def test_head_drafts_change_speed_never_tokens(trained, temperature, monkeypatch
     want = [(r.token_ids, [(x.token, x.logprob, x.top) for x in r.logprobs]) for r in plain]
     accepted = 0
     for k in (1, 3, 8, "dynamic", "auto"):
-        got = m.generate_batch(PROMPTS, 48, draft=f"head:{out}", num_draft_tokens=k, **kw)
-        assert [(r.token_ids, [(x.token, x.logprob, x.top) for x in r.logprobs]) for r in got] == want, k
-        accepted += sum(r.stats.accepted for r in got)
+        for draft in (f"head:{out}", f"head:{out}+lookup", f"pool+head:{out}"):
+            got = m.generate_batch(PROMPTS, 48, draft=draft, num_draft_tokens=k, **kw)
+            assert [(r.token_ids, [(x.token, x.logprob, x.top) for x in r.logprobs]) for r in got] == want, (k, draft)
+            accepted += sum(r.stats.accepted for r in got)
         alone = m.generate(PROMPTS[2], 48, draft=f"head:{out}", num_draft_tokens=k, **kw)
         assert alone.token_ids == want[2][0], k
     if temperature == 0.0:
@@ -115,6 +116,8 @@ def test_a_head_for_another_model_is_refused_by_name(trained, ckpt, tmp_path):
         load_head(bad, m.net, m.tokenizer)
     with pytest.raises(InvalidRequest, match="distill --head"):
         m.generate(PROMPTS[0], 4, draft="head")  # none shipped for the tiny model
+    with pytest.raises(InvalidRequest, match="join one of"):
+        m.generate(PROMPTS[0], 4, draft="lookup+pool")
 
 
 @pytest.mark.slow
