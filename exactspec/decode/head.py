@@ -30,6 +30,7 @@ import torch
 
 from .. import kernels as K
 from ..errors import CheckpointError
+from ..kernels.threads import torch_serial
 from ..model.transformer import Rows, Transformer, int64s
 from ..text.tokenizer import Tokenizer
 from .cost import one_row_seconds
@@ -67,9 +68,13 @@ class Head:
 def load_head(folder: str | Path, target: Transformer, tokenizer: Tokenizer | None, dtype: str = "bfloat16") -> Head:
     """A head folder, checked against the target it is to draft for (a named error if it was trained
     for another model)."""
+    with torch_serial():  # loaded where it will not run (kernels/threads.py)
+        return _load_head(Path(folder).expanduser(), target, tokenizer, dtype)
+
+
+def _load_head(folder: Path, target: Transformer, tokenizer: Tokenizer | None, dtype: str) -> Head:
     from ..model.checkpoint import open_checkpoint
     from safetensors.torch import load_file
-    folder = Path(folder).expanduser()
     for name in (META, TENSORS, "config.json", "model.safetensors"):
         if not (folder / name).is_file():
             raise CheckpointError(f"{folder}: not a drafting head (no {name}; made by `exactspec distill --head`)")

@@ -2,7 +2,9 @@
 Threads only ever split outputs (weight blocks, rows, (row, head) pairs), so neither changes a bit."""
 from __future__ import annotations
 
+import contextlib
 import types
+from typing import Iterator
 
 import numba
 import torch
@@ -27,6 +29,20 @@ def get_num_threads() -> int:
     """The calling thread's setting: numba's is per thread (a new thread starts from NUMBA_NUM_THREADS),
     so a thread that runs kernels for another must take it over (serve.engine does)."""
     return numba.get_num_threads()
+
+
+@contextlib.contextmanager
+def torch_serial() -> Iterator[None]:
+    """torch's ops on one thread inside the block. For work done once on a thread that will not run the
+    kernels (loading a model on a server's main thread): a parallel torch op there would give that
+    thread an OpenMP worker pool of its own, and with more pool threads than cores every parallel
+    kernel of the engine thread pays futex wake-ups (INVARIANCE.md, "Threads on two cores")."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 class TwoBuilds:

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..errors import CheckpointError, InvalidRequest, UnsupportedModelError
 from ..jsonfile import read_json
 from ..kernels.quant import FORMATS, QUANTIZERS
+from ..kernels.threads import torch_serial
 from ..text.tokenizer import Tokenizer
 from .config import ModelConfig, load_config, token_ids
 from .gguf_file import GGUFFile
@@ -85,7 +86,14 @@ class Checkpoint:
 
 def open_checkpoint(path: str | Path, dtype: str = "auto", max_context: int | None = None,
                     quantize: str | None = None, activations: str = "int8") -> Checkpoint:
-    """What `exactspec.load` reads (see its arguments)."""
+    """What `exactspec.load` reads (see its arguments). torch's conversions run on one thread: a model
+    is often loaded on a thread that will not run it (a server's main thread; kernels/threads.py)."""
+    with torch_serial():
+        return _open(path, dtype, max_context, quantize, activations)
+
+
+def _open(path: str | Path, dtype: str, max_context: int | None, quantize: str | None, activations: str
+          ) -> Checkpoint:
     folder = resolve(path)
     gguf = is_gguf(folder)
     if not folder.is_dir() and not gguf:

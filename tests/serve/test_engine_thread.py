@@ -51,3 +51,22 @@ def test_cache_steps_and_scoring_all_on_the_engine_thread(folder):
         s.stop()
         exactspec.set_num_threads(numba.config.NUMBA_NUM_THREADS)
     assert spy.threads == {("new_cache", "exactspec-engine"), ("forward", "exactspec-engine", 1)}
+
+
+def test_loading_a_model_or_head_starts_no_thread_pool(tmp_path):
+    """A server loads its target and drafter on the main thread; a parallel torch op there (a bf16
+    conversion of a large tensor) would give that thread an OpenMP pool of its own: a draft model or
+    head then ran at half speed in the server (0.50x of greedy where the library gave 0.87-0.94x)."""
+    import subprocess
+    import sys
+    from exactspec.testing import make_checkpoint
+    folder = make_checkpoint(tmp_path / "m", "llama", hidden=256, layers=1)  # tensors above torch's grain size
+    code = ("import os, torch, exactspec\n"
+            "exactspec.kernels.rope_table(torch.ones(2), 2)\n"  # numba's first call starts a helper thread of its own
+            "n = len(os.listdir('/proc/self/task'))\n"
+            f"m = exactspec.load({str(folder)!r}, dtype='bfloat16')\n"
+            "print(n, len(os.listdir('/proc/self/task')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after = map(int, out.stdout.split())
+    assert after == before, (before, after)
