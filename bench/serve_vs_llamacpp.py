@@ -93,7 +93,7 @@ def spec_methods(a, model: str) -> None:
     from exactspec.demo import demo_folder
     prompts = PROMPTS[: a.spec_prompts]
     ours = [("greedy", []), ("lookup", ["--draft", "lookup"]), ("pool", ["--draft", "pool"]),
-            ("head", ["--draft", "head"]), ("draft model", ["--draft", str(demo_folder() / "smollm2-draft")])]
+            ("head", ["--draft", "head"]), ("head+pool", ["--draft", "head+pool"]), ("draft model", ["--draft", str(demo_folder() / "smollm2-draft")])]
     theirs = [("greedy", []), ("ngram-mod", ["--spec-type", "ngram-mod"]), ("ngram-cache", ["--spec-type", "ngram-cache"])]
     if a.llama_draft:
         theirs.append(("draft-simple", ["--spec-type", "draft-simple", "-md", a.llama_draft]))
