@@ -44,9 +44,9 @@ EDITS = ["Add type hints to this function and return the whole function:", "Rewr
          "one per line:", "Translate this Python function to JavaScript:"]
 
 
-def stdlib_prompts(limit: int, seed: int = 0) -> list[str]:
+def stdlib_prompts(limit: int, seed: int = 0, edits: bool = True) -> list[str]:
     """Chat prompts from the standard library (every machine has it): a module's purpose, a function to
-    write from its docstring, and a function's source to edit, explain or quote from."""
+    write from its docstring, and (edits) a function's source to edit, explain or quote from."""
     out: list[str] = []
     rnd = random.Random(seed)
     for f in T.corpus_files(T.stdlib_folder()):
@@ -65,7 +65,7 @@ def stdlib_prompts(limit: int, seed: int = 0) -> list[str]:
                 if doc and 20 < len(doc.splitlines()[0]) < 160:
                     args = ", ".join(a.arg for a in node.args.args if a.arg != "self")
                     out.append(f"Write a Python function `{node.name}({args})`: {doc.splitlines()[0]}")
-                code = ast.get_source_segment(src, node) or ""
+                code = (ast.get_source_segment(src, node) or "") if edits else ""
                 if 3 <= code.count("\n") <= 25:
                     out.append(f"{rnd.choice(EDITS)}\n\n```python\n{code}\n```")
     rnd.shuffle(out)

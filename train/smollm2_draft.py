@@ -14,9 +14,7 @@
 from __future__ import annotations
 
 import argparse
-import ast
 import json
-import random
 import time
 from pathlib import Path
 
@@ -26,39 +24,15 @@ import torch
 import exactspec
 from exactspec.text import chat
 from exactspec import fetch
+from exactspec import head_train as HT
 from exactspec import train as T
 
-GENERAL = [
-    "Explain what a hash table is.", "Write a haiku about autumn.", "What is the capital of Japan?",
-    "Give three tips for writing clean code.", "Explain recursion to a beginner.", "What is photosynthesis?",
-    "Write a short story about a robot learning to paint.", "How do vaccines work?",
-    "Summarize the causes of World War I.", "What is the difference between weather and climate?",
-    "Explain how a CPU cache works.", "Write an email asking for a day off.", "What are prime numbers?",
-    "Describe the water cycle.", "How do I make a cup of tea?", "Explain Big O notation with examples.",
-]
+GENERAL = HT.GENERAL
 
 
 def stdlib_prompts(limit: int, seed: int = 0) -> list[str]:
     """Chat prompts from the standard library: one per documented function, one per module."""
-    out: list[str] = []
-    for f in T.corpus_files(T.stdlib_folder()):
-        if "test" in f.parts or "idlelib" in f.parts:
-            continue
-        try:
-            tree = ast.parse(f.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        mod = f.stem
-        if (doc := ast.get_docstring(tree)) and len(doc.split("\n")[0]) > 20:
-            out.append(f"What is the Python module `{mod}` for? {doc.splitlines()[0]}")
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
-                doc = ast.get_docstring(node)
-                if doc and 20 < len(doc.splitlines()[0]) < 160:
-                    args = ", ".join(a.arg for a in node.args.args if a.arg != "self")
-                    out.append(f"Write a Python function `{node.name}({args})`: {doc.splitlines()[0]}")
-    random.Random(seed).shuffle(out)
-    return out[:limit]
+    return HT.stdlib_prompts(limit, seed, edits=False)
 
 
 def generate(model, prompts: list[str], minutes: float, batch: int, max_new: int) -> list[list[int]]:
