@@ -189,13 +189,14 @@ class Transformer:
         return torch.from_numpy(F.embed_rows(self._embed_np, tokens.numpy(), self.cfg.hidden_size))
 
     def forward_ref(self, tokens: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, cache: KVCache,
-                    out_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """The readable twin of `forward`: one kernel call per step, in data-flow order."""
+                    out_rows: torch.Tensor | None = None, x_in: np.ndarray | None = None,
+                    hidden: np.ndarray | None = None) -> torch.Tensor:
+        """The readable twin of `forward` (x_in, hidden too): one kernel call per step, in data-flow order."""
         self._check(tokens.numpy(), pos.numpy(), slot.numpy(), cache)
         cache.reserve(slot.numpy(), pos.numpy())
         c = self.cfg
         R, D, Hq, Hkv = tokens.shape[0], c.head_dim, c.n_heads, c.n_kv_heads
-        x = self.embed_rows(tokens)  # (R, H)
+        x = self.embed_rows(tokens) if x_in is None else torch.from_numpy(x_in.copy())  # (R, H)
         window = c.sliding_window or 0
         for i, L in enumerate(self.layers):
             h = K.rmsnorm(x, L.attn_norm, c.rms_norm_eps)
@@ -209,6 +210,8 @@ class Transformer:
             h = K.rmsnorm(x, L.mlp_norm, c.rms_norm_eps)
             gu = torch.cat([K.linear(h, L.w_gate), K.linear(h, L.w_up)], 1)  # (R, 2I)
             x = x + K.linear(K.silu_mul(gu), L.w_down)
+        if hidden is not None:
+            hidden[:] = K.rmsnorm(x, self.norm, c.rms_norm_eps).numpy()
         if out_rows is not None:
             x = x[out_rows]
         return K.linear(K.rmsnorm(x, self.norm, c.rms_norm_eps), self.lm_head)

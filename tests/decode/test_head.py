@@ -42,6 +42,10 @@ def test_hidden_states_and_input_rows_leave_the_logits_alone(ckpt):
     got = rows.forward(net, net.new_cache(1, 64), x_in=x, hidden=hidden)
     assert torch.equal(got, plain)
     assert torch.equal(K.linear(torch.from_numpy(hidden), net.lm_head), plain)  # the states the head reads
+    twin = np.empty_like(hidden)  # the readable twin takes and gives the same
+    t = torch.tensor(PROMPTS[2])
+    ref = net.forward_ref(t, torch.zeros_like(t), torch.arange(len(t)), net.new_cache(1, 64), None, x, twin)
+    assert torch.equal(ref, plain) and np.array_equal(twin, hidden)
 
 
 def test_recorded_states_are_the_forward_of_the_transcript(trained):
