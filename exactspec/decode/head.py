@@ -197,7 +197,8 @@ class HeadDrafter(Drafter):
             k = min(k, cap - need)
             if k <= 0 or need <= 0 or self.known[s] < need:
                 continue
-            j0 = self.fed[s]
+            j0 = min(self.fed[s], need - 1)  # at least the last entry, whose output drafts token 1 (the same
+            # sequence proposed for twice without a verify between: the loop's retry of a failed step)
             toks += seq[self.start[s] + j0 + 1: self.start[s] + need + 1]
             rows.add(s, [0] * (need - j0), j0)  # the layer starts from x_in: its rows' token ids are unread
             feed.append(self.states[s][j0:need])

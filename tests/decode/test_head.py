@@ -85,6 +85,22 @@ def test_head_drafts_change_speed_never_tokens(trained, temperature, monkeypatch
         assert accepted > 0  # the accept and roll-back paths both ran
 
 
+def test_a_repeated_proposal_drafts_the_same(trained):
+    """Proposed for twice without a verify between (the loop retries a failed step alone): the same drafts."""
+    from exactspec.decode.sampling import SamplingParams
+    m, out, _ = trained
+    d = HeadDrafter(m.head(str(out)), m.net)
+    d.begin(1, 128)
+    seq = PROMPTS[2]
+    rows = Rows()
+    rows.add(0, seq[:-1], 0, logits_from=0)
+    hidden = np.empty((len(seq) - 1, m.cfg.hidden_size), np.float32)
+    rows.forward(m.net, m.net.new_cache(1, 128), hidden=hidden)
+    d.observe(0, 0, hidden)
+    first = d.propose([0], [seq], [4], [SamplingParams()])
+    assert len(first[0]) == 4 and d.propose([0], [seq], [4], [SamplingParams()]) == first
+
+
 def test_head_with_chunked_prompts_prefix_hits_and_one_thread(trained):
     m, out, _ = trained
     head = m.head(str(out))
