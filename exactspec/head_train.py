@@ -175,8 +175,10 @@ def _batch(data, idx, seq: int, rng: np.random.Generator, embed: torch.Tensor):
 
 
 def fit(net: HeadNet, data, embed: torch.Tensor, minutes: float, batch: int = 8, seq: int = 256, lr: float = 1e-3,
+        steps: int | None = None,
         noise: float = 0.1, ce_weight: float = 1.0, seed: int = 0) -> dict:
-    """Train for `minutes`: smooth L1 to the next state + cross-entropy to the target's draft-vocabulary
+    """Train for `minutes` (or exactly `steps` steps): smooth L1 to the next state + cross-entropy to the
+    target's draft-vocabulary
     distribution at it. Returns the loss curve."""
     from tqdm import tqdm
     torch.manual_seed(seed)
@@ -187,8 +189,8 @@ def fit(net: HeadNet, data, embed: torch.Tensor, minutes: float, batch: int = 8,
     budget, t0, step, curve, ema = minutes * 60, time.time(), 0, [], None
     bar = tqdm(total=int(budget), desc="train head", unit="s", bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}s {postfix}")
     net.train()
-    while time.time() - t0 < budget:
-        frac = (time.time() - t0) / budget
+    while (time.time() - t0 < budget) if steps is None else step < steps:  # steps: the same head on any machine
+        frac = (time.time() - t0) / budget if steps is None else step / steps
         for g in opt.param_groups:
             g["lr"] = lr * min(1.0, (step + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         emb, h_in, h_out, mask = _batch(data, rng.integers(0, len(data), batch), seq, rng, embed)
@@ -284,7 +286,7 @@ def save_head(net: HeadNet, vocab: np.ndarray, out: Path, meta: dict) -> None:
 
 def distill_head(model, out: Path, prompts: list[str], record_minutes: float = 10.0, train_minutes: float = 15.0,
                  draft_vocab_size: int = 8192, max_new: int = 256, batch: int = 16, data_cache: Path | None = None,
-                 name: str = "", init: Path | None = None, lr: float = 1e-3) -> dict:
+                 name: str = "", init: Path | None = None, lr: float = 1e-3, steps: int | None = None) -> dict:
     """Record the target's answers, train a head on them (from `init`, a head folder for this model, to
     train one further), save it to `out` (see module doc)."""
     if data_cache is not None and data_cache.is_file():
@@ -310,7 +312,7 @@ def distill_head(model, out: Path, prompts: list[str], record_minutes: float = 1
         net.fc.weight.data.copy_(load_file(str(init / TENSORS))["fc.weight"].float())
         layer = {k: v.float() for k, v in load_file(str(init / "model.safetensors")).items() if "embed_tokens" not in k}
         net.layer.load_state_dict(layer, strict=False)
-    stats = fit(net, train_set, embed, train_minutes, lr=lr)
+    stats = fit(net, train_set, embed, train_minutes, lr=lr, steps=steps)
     acc = acceptance(net, val_set, embed, torch.from_numpy(vocab))
     positions = int(sum(len(s) for _, s in data))
     covered = float(np.mean(np.isin(np.concatenate([t[1:] for t, _ in data]), vocab)))

@@ -21,13 +21,14 @@ PROMPTS = [[5, 6, 7, 8], [100, 3, 100, 3, 9], list(range(20, 60)), [7] * 12]
 
 @pytest.fixture(scope="module")
 def trained(ckpt, tmp_path_factory):
-    """A head trained for a few seconds on the tiny llama's own greedy outputs (its draft vocabulary
+    """A head trained for 150 steps on the tiny llama's own greedy outputs (its draft vocabulary
     128 of its 320 tokens: some targets cannot be drafted at all)."""
     m = exactspec.load(ckpt("llama"))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 256, int(rng.integers(3, 20))).tolist() for _ in range(48)]
     out = tmp_path_factory.mktemp("head")
-    meta = HT.distill_head(m, out, prompts, record_minutes=1.0, train_minutes=0.25, draft_vocab_size=128, max_new=40)
+    meta = HT.distill_head(m, out, prompts, record_minutes=1.0, train_minutes=0.25, draft_vocab_size=128, max_new=40,
+                             steps=150)  # a step count, not a time budget: the same head on any machine
     return m, out, meta
 
 
