@@ -1,6 +1,7 @@
 """Drafters on SmolLM2-135M-Instruct chats, one run side by side: plain greedy, the shipped hidden-state
-head, the head beside prompt lookup, prompt lookup, the distilled draft model; each with the same
-"auto" draft length.
+head, the head beside prompt lookup, the head with tree verification (up to 2 runners-up of its first
+token verified beside the draft where the measured costs say so), prompt lookup, the distilled draft
+model; each with the same "auto" draft length.
 
     python bench/head.py [--dtype auto bfloat16] [--max-new-tokens 160] [--head PATH]
 
@@ -40,21 +41,23 @@ MIX = [m for _, m in CHAT_PROMPTS] + [
 ]
 
 
-def run(target, prompts, name, draft, max_new) -> dict:
-    n = secs = prop = acc = steps = 0
+def run(target, prompts, name, draft, max_new, branches: int = 1) -> dict:
+    n = secs = prop = acc = steps = sib = sib_won = 0
     same, at_p, at_a, ids = True, [0] * 16, [0] * 16, []
     for p, want in prompts:
         t = time.perf_counter()
-        r = target.generate(p, max_new, draft=draft, num_draft_tokens="auto" if draft is not None else 0)
+        r = target.generate(p, max_new, draft=draft, num_draft_tokens="auto" if draft is not None else 0,
+                            draft_branches=branches)
         secs += time.perf_counter() - t
         n += len(r.token_ids)
         ids.append(r.token_ids)
         prop, acc, steps = prop + r.stats.proposed, acc + r.stats.accepted, steps + r.stats.steps
+        sib, sib_won = sib + r.stats.siblings, sib_won + r.stats.sibling_accepted
         for i, (a, b) in enumerate(zip(r.stats.proposed_at[:16], r.stats.accepted_at[:16])):
             at_p[i], at_a[i] = at_p[i] + a, at_a[i] + b
         if want is not None:
             same &= r.token_ids == want
-    return dict(name=name, ids=ids, tps=n / secs, acc=acc / prop if prop else float("nan"), same=same,
+    return dict(name=name, ids=ids, tps=n / secs, acc=acc / prop if prop else float("nan"), same=same, sib=(sib_won, sib),
                 per_step=(acc + steps) / steps if steps else 1.0,
                 by_pos=[a / p for a, p in zip(at_a, at_p) if p >= 5][:6])
 
@@ -75,9 +78,10 @@ def main() -> None:
         for d in (None, head, head + "+lookup", "lookup", draft):  # compile, measure the costs "auto" uses
             target.generate(texts[0], 8, draft=d, num_draft_tokens="auto" if d is not None else 0)
         plain = run(target, [(t, None) for t in texts], "plain greedy", None, a.max_new_tokens)
-        rows = [plain] + [run(target, list(zip(texts, plain["ids"])), n, d, a.max_new_tokens)
-                          for n, d in (("head", head), ("head + lookup", head + "+lookup"), ("prompt lookup", "lookup"),
-                                       ("draft model", draft))]
+        rows = [plain] + [run(target, list(zip(texts, plain["ids"])), n, d, a.max_new_tokens, b)
+                          for n, d, b in (("head", head, 1), ("head + lookup", head + "+lookup", 1),
+                                          ("head, tree", head, 3), ("prompt lookup", "lookup", 1),
+                                          ("draft model", draft, 1))]
         drafter = target.make_drafter(head)
         cost = drafter.cost_per_token(target.net)
         print(f"\nSmolLM2-135M-Instruct {path.name}, dtype {dtype} ({target.net.dtype}), {len(texts)} chats x up to "
@@ -86,7 +90,8 @@ def main() -> None:
         for r in rows:
             pos = " ".join(f"{x:.2f}" for x in r["by_pos"])
             print(f"{r['name']:<15} {r['tps']:7.1f} {r['tps'] / plain['tps']:8.2f}x {r['acc']:7.1%} "
-                  f"{r['per_step']:8.2f}  {'yes' if r['same'] else 'NO':<9}  {pos}")
+                  f"{r['per_step']:8.2f}  {'yes' if r['same'] else 'NO':<9}  {pos}" +
+                  (f"  (siblings verified {r['sib'][1]}, accepted {r['sib'][0]})" if r["sib"][1] else ""))
 
 
 if __name__ == "__main__":

@@ -138,6 +138,7 @@ class Model:
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int | None = 128, *,
                        ignore_eos: bool = False, draft: "None | str | Model" = None,
                        num_draft_tokens: int | str = "auto", draft_confidence: float = 0.0, lookup_max_ngram: int = 3,
+                       draft_branches: int = 1,
                        temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                        repetition_penalty: float = 1.0, seed: int | None | Sequence[int | None] = 0,
                        logprobs: int | None = None, logprobs_mode: str = "raw",
@@ -151,7 +152,9 @@ class Model:
         up to the context. seed=None: greedy ignores it; sampling draws a fresh one, reported in
         stats.seed so the run can be replayed. `prediction`: the expected output (OpenAI's Predicted
         Outputs: a file the answer edits), text or token ids, one for all prompts or a list with one per
-        prompt; proposed as drafts (beside `draft`'s), so it changes the speed only. If decoding fails
+        prompt; proposed as drafts (beside `draft`'s), so it changes the speed only. `draft_branches` > 1:
+        tree verification, up to draft_branches - 1 runners-up of the draft's first token (a head's, greedy)
+        verified beside it where the measured costs say it pays (decode/cost.best_siblings). If decoding fails
         inside (not the caller's input), raises GenerationError (its `.results` hold every sequence's result, the others complete)."""
         if isinstance(prompts, (str, bytes)):
             raise InvalidRequest("generate_batch takes a list of prompts; use generate for one", "prompts")
@@ -175,7 +178,7 @@ class Model:
         def stream(i: int, new: list[int]) -> None:
             if piece := streams[i].push(new):
                 on_text(i, piece)
-        seqs, batch = run_batch(self.net, reqs, drafter, stream if streams is not None else None)
+        seqs, batch = run_batch(self.net, reqs, drafter, stream if streams is not None else None, draft_branches)
         if streams is not None:
             for i, st in enumerate(streams):
                 if piece := st.flush():
@@ -219,7 +222,7 @@ class Model:
             if len(parts) != 2 or len(free) != 1 or len(model) != 1:
                 raise InvalidRequest(f"draft={draft!r}: join one of 'lookup', 'pool' and one model drafter ('head', "
                                      "'head:PATH'), e.g. 'head+lookup'", "draft")
-            return MixDrafter(self.make_drafter(free[0], confidence, max_ngram), self.make_drafter(model[0]))
+            return MixDrafter(self.make_drafter(free[0], confidence, max_ngram), self.make_drafter(model[0]), self.net)
         if isinstance(draft, str):
             if draft == "lookup":
                 return LookupDrafter(max_ngram=max_ngram)

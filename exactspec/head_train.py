@@ -19,6 +19,7 @@ import math
 import random
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -286,17 +287,20 @@ def save_head(net: HeadNet, vocab: np.ndarray, out: Path, meta: dict) -> None:
 
 def distill_head(model, out: Path, prompts: list[str], record_minutes: float = 10.0, train_minutes: float = 15.0,
                  draft_vocab_size: int = 8192, max_new: int = 256, batch: int = 16, data_cache: Path | None = None,
-                 name: str = "", init: Path | None = None, lr: float = 1e-3, steps: int | None = None) -> dict:
-    """Record the target's answers, train a head on them (from `init`, a head folder for this model, to
-    train one further), save it to `out` (see module doc)."""
+                 name: str = "", init: Path | None = None, lr: float = 1e-3, steps: int | None = None,
+                 extra_data: Sequence[Path] = ()) -> dict:
+    """Record the target's answers (or read them from `data_cache`, where an earlier run saved them),
+    train a head on them and on `extra_data` (other runs' caches; from `init`, a head folder for this
+    model, to train one further), save it to `out` (see module doc)."""
     if data_cache is not None and data_cache.is_file():
-        z = np.load(data_cache, allow_pickle=False)
-        data = [(z[f"t{i}"], z[f"s{i}"]) for i in range(int(z["n"]))]
+        data = _load_data(data_cache)
     else:
         data = record(model, prompts, record_minutes, batch, max_new)
         if data_cache is not None:
             np.savez(data_cache, n=len(data), **{f"t{i}": t for i, (t, _) in enumerate(data)},
                      **{f"s{i}": s for i, (_, s) in enumerate(data)})
+    for path in extra_data:
+        data += _load_data(path)
     cfg = model.net.cfg
     vocab = draft_vocab(data, min(draft_vocab_size, cfg.vocab_size), model.eos_token_ids, cfg.vocab_size)
     if init is not None:
@@ -324,6 +328,11 @@ def distill_head(model, out: Path, prompts: list[str], record_minutes: float = 1
     save_head(net, vocab, out, meta)
     plot(stats["curve"], acc, out / "training.png")
     return meta
+
+
+def _load_data(path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
+    z = np.load(path, allow_pickle=False)
+    return [(z[f"t{i}"], z[f"s{i}"]) for i in range(int(z["n"]))]
 
 
 def _lm_rows(net, vocab: np.ndarray) -> torch.Tensor:

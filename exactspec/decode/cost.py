@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from typing import Callable
 
 import numpy as np
 
@@ -25,15 +26,19 @@ DECAY = 0.8  # acceptance is counted over about the last 1 / (1 - DECAY) = 5 ver
 PAUSE_MAX = 32  # k = 0 pauses drafting for 1, 2, 4, ... 32 steps, then probes with one draft
 
 
-def _fastest(net: Transformer, cache, rows: Rows, repeat: int = 3) -> float:
-    """The fastest of `repeat` runs of `rows`' forward, after one to warm (a first call may compile)."""
-    rows.forward(net, cache)
+def fastest(run: Callable[[], object], repeat: int = 3) -> float:
+    """Seconds: the fastest of `repeat` calls of `run`, after one to warm (a first call may compile)."""
+    run()
     best = float("inf")
     for _ in range(repeat):
         t = time.perf_counter()
-        rows.forward(net, cache)
+        run()
         best = min(best, time.perf_counter() - t)
     return best
+
+
+def _fastest(net: Transformer, cache, rows: Rows) -> float:
+    return fastest(lambda: rows.forward(net, cache))
 
 
 def _seconds(net: Transformer, n: int) -> float:
@@ -87,6 +92,21 @@ def best_k(alpha: float, costs: np.ndarray, per_draft: float, max_k: int = MAX_K
     k = np.arange(min(max_k, len(costs) - 1) + 1)
     tokens = np.cumsum(alpha ** k)  # 1 + alpha + ... + alpha^k
     return int(np.argmax(tokens / (costs[k] + k * per_draft)))
+
+
+def best_siblings(alpha: float, rate: float, k: int, most: int, costs: np.ndarray, drafting: float) -> int:
+    """Tree verification: how many (0..most) of a k-token draft's runners-up at its first position to verify
+    beside it, the number with the most expected tokens per unit of time. A sibling costs 2 rows ([last
+    token, sibling], in a helper slot holding a copy of the sequence's cache); when it is the target's
+    token (each with probability `rate`, measured) the step commits one token more. `drafting`: the
+    draft's own cost."""
+    tokens = float(np.sum(alpha ** np.arange(k + 1)))
+    best, best_v = 0, tokens / (costs[k] + drafting)
+    for j in range(1, min(most, (len(costs) - 1 - k) // 2) + 1):
+        v = (tokens + j * rate) / (costs[k + 2 * j] + drafting)
+        if v > best_v:
+            best, best_v = j, v
+    return best
 
 
 class Acceptance:

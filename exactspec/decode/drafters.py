@@ -7,6 +7,7 @@ Protocol (knows only token ids and slots):
   observe(slot, start, hidden)             (drafters with wants_hidden) the target's final-normed
                                            states of positions start, start + 1, ... of the slot's
                                            sequence, from the forward that verified them
+  alternatives(slot) -> runners-up for the first token of the slot's last draft (tree verification)
 A drafter may return fewer tokens than asked (the lookup found nothing; low confidence; the
 sequence outgrew a draft model's context). What was accepted it learns from the next `seqs`.
 """
@@ -19,7 +20,7 @@ import numpy as np
 from .. import kernels as K
 from ..errors import InvalidRequest
 from ..model.transformer import Rows, Transformer
-from .cost import one_row_seconds
+from .cost import Acceptance, one_row_seconds, verify_costs
 from .sampling import SamplingParams, pick
 
 
@@ -53,6 +54,11 @@ class Drafter:
     def cost_per_token(self, target: Transformer) -> float:
         """Drafting one token, in units of one target forward of one row (lookups: nothing)."""
         return 0.0
+
+    def alternatives(self, slot: int) -> list[int]:
+        """Runners-up for the first token of the slot's last draft, best first (tree verification checks
+        them beside it); none by default."""
+        return []
 
 
 class LookupDrafter(Drafter):
@@ -241,15 +247,15 @@ class DraftModelDrafter(Drafter):
 
 
 class MixDrafter(Drafter):
-    """Prompt lookup (or the pool) beside a model drafter (a head, a draft model): per sequence and step,
-    the lookup's draft when it has one and its acceptance on this sequence (measured online, decayed
-    over ~5 proposals) is at least the model's; else the model drafts (and pays its cost). Lookups cost
-    nothing to ask, so they are asked first, every step."""
+    """Prompt lookup (or the pool) beside a model drafter (a head, a draft model), chosen per sequence and
+    step by expected tokens per unit of time (decode/cost.py): each source's acceptance on this sequence,
+    measured online (`cost.Acceptance`), the verify cost of k + 1 rows and the model's cost per draft token
+    (lookups cost nothing to ask, so they are asked first, every step). The lookup's draft of L tokens
+    yields 1 + a + ... + a^L tokens for costs[L]; the model's best k' <= k, 1 + m + ... + m^k' for
+    costs[k'] + k' x its cost per token. The better one drafts; the model is asked for its best k'."""
 
-    DECAY = 0.8
-
-    def __init__(self, free: LookupDrafter, model: Drafter):
-        self.free, self.model = free, model
+    def __init__(self, free: LookupDrafter, model: Drafter, target: Transformer):
+        self.free, self.model, self.target = free, model, target
         self.wants_hidden = model.wants_hidden
 
     @property
@@ -259,19 +265,23 @@ class MixDrafter(Drafter):
     def begin(self, n_slots: int, capacity: int) -> None:
         self.free.begin(n_slots, capacity)
         self.model.begin(n_slots, capacity)
-        self.rate = [[0.5, 0.5] for _ in range(n_slots)]  # [lookup, model] acceptance per slot
+        self.acc = [(Acceptance(), Acceptance()) for _ in range(n_slots)]  # (lookup, model) per slot
         self.last: list[tuple[int, int, list[int]] | None] = [None] * n_slots  # (source, len(seq), draft)
 
     def release(self, slot: int) -> None:
         self.free.release(slot)
         self.model.release(slot)
-        self.rate[slot], self.last[slot] = [0.5, 0.5], None
+        self.acc[slot], self.last[slot] = (Acceptance(), Acceptance()), None
 
     def observe(self, slot: int, start: int, hidden: np.ndarray) -> None:
         self.model.observe(slot, start, hidden)
 
     def cost_per_token(self, target: Transformer) -> float:
         return self.model.cost_per_token(target)
+
+    def alternatives(self, slot: int) -> list[int]:
+        last = self.last[slot]
+        return self.model.alternatives(slot) if last is not None and last[0] == 1 else []
 
     def _learn(self, slot: int, seq: list[int]) -> None:
         """What the last proposal for slot got accepted: its agreement with the tokens that followed."""
@@ -280,23 +290,32 @@ class MixDrafter(Drafter):
         src, n, draft = self.last[slot]
         got = seq[n:n + len(draft)]
         a = next((i for i, (x, y) in enumerate(zip(draft, got)) if x != y), min(len(draft), len(got)))
-        r = self.rate[slot]
-        r[src] = self.DECAY * r[src] + (1 - self.DECAY) * a / len(draft)
+        self.acc[slot][src].add(len(draft), a)
         self.last[slot] = None
+
+    def choose(self, slot: int, free_len: int, k: int) -> int:
+        """Draft tokens to ask the model for (0: the lookup's draft of free_len tokens is worth more)."""
+        costs = verify_costs(self.target)
+        k = min(k, len(costs) - 1)
+        a_free, a_model = (x.alpha for x in self.acc[slot])
+        free = np.sum(a_free ** np.arange(free_len + 1)) / costs[free_len] if free_len else 0.0
+        ks = np.arange(1, k + 1)
+        value = np.cumsum(a_model ** np.arange(k + 1))[1:] / (costs[ks] + ks * self.cost_per_token(self.target))
+        best = int(np.argmax(value))
+        return 0 if free >= value[best] else best + 1
 
     def propose(self, slots, seqs, ks, params) -> list[list[int]]:
         for s, seq in zip(slots, seqs):
             self._learn(s, seq)
         out = self.free.propose(slots, seqs, ks, params)
-        ask = [i for i, (s, d, k) in enumerate(zip(slots, out, ks))
-               if k > 0 and (not d or self.rate[s][0] < self.rate[s][1])]
+        want = [self.choose(s, len(d), k) if k > 0 else 0 for s, d, k in zip(slots, out, ks)]
+        ask = [i for i, w in enumerate(want) if w]
         if ask:
-            got = self.model.propose([slots[i] for i in ask], [seqs[i] for i in ask], [ks[i] for i in ask],
+            got = self.model.propose([slots[i] for i in ask], [seqs[i] for i in ask], [want[i] for i in ask],
                                      [params[i] for i in ask])
             for i, d in zip(ask, got):
                 out[i] = d
-        asked = set(ask)
         for i, (s, seq, d) in enumerate(zip(slots, seqs, out)):
             if d:
-                self.last[s] = (1 if i in asked else 0, len(seq), d)
+                self.last[s] = (1 if want[i] else 0, len(seq), d)
         return out

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .chunking import Chunker
-from .cost import PAUSE_MAX, Acceptance, best_k, verify_costs
+from .cost import PAUSE_MAX, Acceptance, best_k, best_siblings, verify_costs
 from .drafters import Drafter, from_prediction
 from ..errors import GenerationError, InvalidRequest
 from ..kernels.attention import BLOCK
@@ -42,6 +42,8 @@ class Stats:
     cached_tokens: int = 0  # prompt tokens whose keys came from the prefix cache
     prediction_accepted: int = 0  # draft tokens taken from the request's prediction and accepted
     prediction_rejected: int = 0  # ... and rejected
+    siblings: int = 0  # tree verification: other first tokens verified beside the draft (each in a helper slot)
+    sibling_accepted: int = 0  # ... that were the target's token
     seed: int | None = None  # the sampling seed used (temperature > 0), so a run with seed=None replays
     proposed_at: list[int] = field(default_factory=list)  # [i]: steps that proposed a draft token at offset i
     accepted_at: list[int] = field(default_factory=list)  # [i]: ... and had it accepted
@@ -114,6 +116,7 @@ class SeqState:
     skip: int = 0  # steps to go without drafting (DraftLength.pause)
     predicted: bool = False  # this step's drafts came from the request's prediction
     acceptance: Acceptance = field(default_factory=Acceptance)  # recent, for num_draft_tokens="auto"
+    sibling_rate: Acceptance = field(default_factory=Acceptance)  # recent, per sibling verified (tree)
     backoff: int = 1  # the next pause's length
 
     @property
@@ -141,13 +144,20 @@ class Batch:
     values are a function of its prefix alone, whichever step wrote them."""
 
     def __init__(self, target: Transformer, n_slots: int, capacity: int, drafter: Drafter | None = None,
-                 prefill_chunk: int = 0, prefix_blocks: int = 0):
-        for name, v in (("prefill_chunk", prefill_chunk), ("prefix_blocks", prefix_blocks)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise InvalidRequest(f"{name}={v!r}: must be an integer >= 0 (0: off)", name)
+                 prefill_chunk: int = 0, prefix_blocks: int = 0, branches: int = 1):
+        """`branches` > 1: tree verification, up to branches - 1 siblings of each draft's first token
+        (the drafter's runners-up) verified in the same forward where they pay (`_siblings`)."""
+        for name, v, low in (("prefill_chunk", prefill_chunk, 0), ("prefix_blocks", prefix_blocks, 0),
+                             ("draft_branches", branches, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise InvalidRequest(f"{name}={v!r}: must be an integer >= {low}" + (" (0: off)" if not low else ""), name)
         self.target, self.drafter, self.prefill_chunk = target, drafter, prefill_chunk
         self.capacity = min(capacity, target.max_context)
-        self.cache = target.new_cache(n_slots, self.capacity, prefix_blocks)
+        self.branches = branches if drafter is not None else 1
+        helpers = n_slots * (self.branches - 1)
+        self.cache = target.new_cache(n_slots, self.capacity, prefix_blocks, helpers)
+        self._helpers = list(range(n_slots, n_slots + helpers))  # free helper slots (tree verification)
+        self._sibs: list[tuple[int, int, int]] = []  # this step's siblings: (index in old, helper slot, token)
         self.prefix = PrefixCache(self.cache, prefix_blocks) if prefix_blocks else None
         self.chunker = Chunker(target, prefill_chunk)
         self._ends: list[int] = []  # this step's prompt chunk ends, one per new sequence
@@ -221,12 +231,16 @@ class Batch:
                 hidden = np.empty((len(rows.tok), self.target.cfg.hidden_size), np.float32)
             logits = rows.forward(self.target, self.cache, hidden=hidden)
         except Exception as e:
+            self._drop_siblings()
             if len(live) > 1:
                 return [x for s in live for x in self._step([s])]
             self._fail(live[0], e)
             return [(live[0], [])]
         self.stats.forward_passes += 1
-        return self._accept(new, old, drafts, logits, busy, hidden)
+        try:
+            return self._accept(new, old, drafts, logits, busy, hidden)
+        finally:
+            self._drop_siblings()
 
     def _fail(self, s: SeqState, e: Exception) -> None:
         s.finish_reason, s.error = "error", e
@@ -252,7 +266,20 @@ class Batch:
             s.predicted = bool(guess) and len(guess) >= len(drafts[i])
             if s.predicted:
                 drafts[i] = guess
+            elif drafts[i] and self.branches > 1:
+                alts = [t for t in self.drafter.alternatives(s.slot) if t != drafts[i][0]]
+                n, most = len(drafts[i]), min(len(alts), self.branches - 1)
+                j = best_siblings(s.acceptance.alpha, s.sibling_rate.alpha, n, most, verify_costs(self.target),
+                                  n * self.drafter.cost_per_token(self.target))
+                for t in alts[:j]:
+                    self._sibs.append((i, self._helpers.pop(), t))
         return drafts
+
+    def _drop_siblings(self) -> None:
+        for _, h, _ in self._sibs:
+            self.cache.release(h)
+            self._helpers.append(h)
+        self._sibs = []
 
     def _rows(self, new: list[SeqState], old: list[SeqState], drafts: list[list[int]]) -> Rows:
         rows = Rows()
@@ -261,6 +288,10 @@ class Batch:
             rows.add(s.slot, chunk, s.fed, logits_from=None if end == len(s.tokens) else len(chunk))
         for s, d in zip(old, drafts):  # [last token] + drafts at positions len-1, len, ...
             rows.add(s.slot, [s.tokens[-1]] + d, len(s.tokens) - 1, logits_from=0)
+        for i, h, t in self._sibs:  # [last token, sibling] in a copy of the sequence's cache
+            s = old[i]
+            self.cache.fork(s.slot, h, len(s.tokens) - 1)
+            rows.add(h, [s.tokens[-1], t], len(s.tokens) - 1, logits_from=0)
         return rows
 
     def measure(self) -> None:
@@ -295,13 +326,21 @@ class Batch:
                 out.append((s, []))
                 continue
             out.append((s, self._commit(s, [t], logits[i: i + 1])))
-        for s, d in zip(old, drafts):
+        sibs: dict[int, list[tuple[int, int, int, int]]] = {}  # old index -> (logits row, forward row, helper, token)
+        rs, hs = r + sum(len(d) + 1 for d in drafts), h + sum(len(d) + 1 for d in drafts)  # after the chains' rows
+        for i, slot, t in self._sibs:
+            sibs.setdefault(i, []).append((rs, hs, slot, t))
+            rs, hs = rs + 2, hs + 2
+        for i, (s, d) in enumerate(zip(old, drafts)):
             n = len(s.tokens)
             rows = logits[r: r + len(d) + 1]
             r += len(d) + 1
             h += len(d) + 1
             try:
                 choice = pick_rows(rows, s.req.params, range(n, n + len(d) + 1), s.tokens, d)
+                won = [x for x in sibs.get(i, ()) if x[3] == choice[0]]
+                if won:  # a sibling was the target's token: its row picks the next one
+                    nxt = pick(logits[won[0][0] + 1], s.req.params, n + 1, s.tokens + [choice[0]])
             except Exception as e:
                 self._fail(s, e)
                 out.append((s, []))
@@ -309,7 +348,16 @@ class Batch:
             a = 0
             while a < len(d) and d[a] == choice[a]:
                 a += 1
-            if hidden is not None:  # positions n-1 .. n-1+a: their prefixes are committed
+            for x in sibs.get(i, ()):
+                s.sibling_rate.add(1, int(x[3] == choice[0]))
+                s.stats.siblings += 1
+            if won:  # the sibling's keys (position n) become the sequence's: its block is swapped in
+                lr, fr, slot, t = won[0]
+                s.stats.sibling_accepted += 1
+                self.cache.swap(s.slot, slot, n // BLOCK)
+                if hidden is not None:
+                    self.drafter.observe(s.slot, n - 1, hidden[fr: fr + 2])
+            elif hidden is not None:  # positions n-1 .. n-1+a: their prefixes are committed
                 self.drafter.observe(s.slot, n - 1, hidden[h - len(d) - 1: h - len(d) + a])
             s.stats.count_step(len(d), a)
             if s.predicted:
@@ -320,7 +368,10 @@ class Batch:
                 s.skip, s.backoff = s.req.draft_len.pause(len(d), a, s.backoff)
                 if s.req.draft_len.auto:
                     self._auto_k(s, len(d), a)
-            out.append((s, self._commit(s, d[:a] + [choice[a]], rows)))
+            if won:
+                out.append((s, self._commit(s, [choice[0], nxt], torch.stack([rows[0], logits[won[0][0] + 1]]))))
+            else:
+                out.append((s, self._commit(s, d[:a] + [choice[a]], rows)))
         return out
 
     def _auto_k(self, s: SeqState, proposed: int, accepted: int) -> None:
@@ -376,12 +427,12 @@ OnToken = Callable[[object, list[int]], None]  # (the sequence's tag, new token 
 
 
 def run_batch(target: Transformer, reqs: list[Request], drafter: Drafter | None = None,
-              on_token: OnToken | None = None) -> tuple[list[SeqState], BatchStats]:
+              on_token: OnToken | None = None, branches: int = 1) -> tuple[list[SeqState], BatchStats]:
     """Decode a fixed batch to the end: all requests join at once (tag = their index), the loop
-    steps until none runs."""
+    steps until none runs. `branches`: see Batch."""
     t0 = time.perf_counter()
     capacity = max((len(r.prompt) + r.max_new_tokens for r in reqs), default=1)
-    batch = Batch(target, max(1, len(reqs)), capacity, drafter)
+    batch = Batch(target, max(1, len(reqs)), capacity, drafter, branches=branches)
     seqs = [batch.add(r, tag=i) for i, r in enumerate(reqs)]
     while batch.running:
         for s, new in batch.step():

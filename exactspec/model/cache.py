@@ -35,19 +35,22 @@ def block_bytes(n_layers: int, n_kv_heads: int, head_dim: int, kv_dtype: str = "
 
 class KVCache:
     def __init__(self, n_layers: int, n_slots: int, n_kv_heads: int, head_dim: int, capacity: int,
-                 spare_blocks: int = 0, kv_dtype: str = "float32"):
+                 spare_blocks: int = 0, kv_dtype: str = "float32", helpers: int = 0):
         """`spare_blocks`: room beyond every slot at full capacity, for blocks the prefix cache keeps.
-        `kv_dtype`: "float32", or "bfloat16" (each key and value rounded once when written)."""
-        self.capacity, self.n_slots = capacity, n_slots
+        `kv_dtype`: "float32", or "bfloat16" (each key and value rounded once when written).
+        `helpers`: slots n_slots.. that hold a sequence's cache for one step (`fork`: a sibling branch
+        of tree verification, decode/loop.py); they share its full blocks, so 2 blocks of room each."""
+        self.capacity, self.n_slots = capacity, n_slots + helpers
         per_slot = -(-capacity // BLOCK)
-        n_blocks = n_slots * per_slot + spare_blocks  # every slot full + the kept ones: reserve never runs out
+        n_blocks = n_slots * per_slot + spare_blocks + 2 * helpers  # every slot full + the kept ones +
+        # the helpers' own: reserve never runs out
         ensure_fits(n_blocks * block_bytes(n_layers, n_kv_heads, head_dim, kv_dtype),
                     f"a KV cache for {n_slots} sequences x {capacity} positions (max_batch x max_context)",
                     "max_context")
         dt = KV_DTYPES[kv_dtype]
         self.k = torch.empty(n_layers, n_kv_heads, n_blocks, head_dim, BLOCK, dtype=dt)  # (L, Hkv, P, D, B)
         self.v = torch.empty(n_layers, n_kv_heads, n_blocks, BLOCK, head_dim, dtype=dt)  # (L, Hkv, P, B, D)
-        self.table = np.full((n_slots, per_slot), -1, np.int32)
+        self.table = np.full((self.n_slots, per_slot), -1, np.int32)
         self._free = list(range(n_blocks))  # a heap: the lowest free block first
         self.refs = np.zeros(n_blocks, np.int32)  # holders of each block (slots, the prefix cache)
 
@@ -78,6 +81,22 @@ class KVCache:
         self.refs[block] -= 1
         if self.refs[block] == 0:
             heapq.heappush(self._free, block)
+
+    def fork(self, src: int, dst: int, n: int) -> None:
+        """Empty slot dst holds src's positions 0..n-1: src's full blocks shared (never written again: src
+        writes at positions >= n), the one holding positions n - n % BLOCK .. n-1 copied (dst writes there)."""
+        for i in range(n // BLOCK):
+            self.share(dst, i, int(self.table[src, i]))
+        if n % BLOCK:
+            i = n // BLOCK
+            blk = self.table[dst, i] = heapq.heappop(self._free)
+            self.refs[blk] = 1
+            self.k[:, :, blk] = self.k[:, :, self.table[src, i]]
+            self.v[:, :, blk] = self.v[:, :, self.table[src, i]]
+
+    def swap(self, a: int, b: int, i: int) -> None:
+        """Slots a and b exchange their i-th blocks (a sibling branch's keys become the sequence's)."""
+        self.table[a, i], self.table[b, i] = self.table[b, i], self.table[a, i]
 
     def gather(self, slot: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of the slot's positions 0..n-1, contiguous: (L, Hkv, n, D) each, float32."""

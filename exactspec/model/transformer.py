@@ -144,10 +144,10 @@ class Transformer:
     def limits(self) -> Limits:
         return Limits(self.cfg.vocab_size, self.max_context)
 
-    def new_cache(self, n_slots: int, capacity: int, spare_blocks: int = 0) -> KVCache:
+    def new_cache(self, n_slots: int, capacity: int, spare_blocks: int = 0, helpers: int = 0) -> KVCache:
         c = self.cfg
         return KVCache(c.n_layers, n_slots, c.n_kv_heads, c.head_dim, min(capacity, self.max_context), spare_blocks,
-                       self.kv_dtype)
+                       self.kv_dtype, helpers)
 
     @property
     def block_bytes(self) -> int:

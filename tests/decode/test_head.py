@@ -86,6 +86,33 @@ def test_head_drafts_change_speed_never_tokens(trained, temperature, monkeypatch
         assert accepted > 0  # the accept and roll-back paths both ran
 
 
+def test_tree_verification_changes_speed_never_tokens(trained, monkeypatch):
+    """Siblings of the head's first draft verified beside it (every time: rows cost nothing here), in a
+    ragged batch and alone, chunked prompts and prefix-cache hits: plain decoding's tokens and logprobs;
+    some siblings win (their keys swapped in), and no helper keeps a block."""
+    monkeypatch.setattr(loop, "verify_costs", lambda net: np.ones(17))  # every sibling pays
+    m, out, _ = trained
+    plain = m.generate_batch(PROMPTS, 48, ignore_eos=True, logprobs=2)
+    want = [(r.token_ids, [(x.token, x.logprob, x.top) for x in r.logprobs]) for r in plain]
+    won = 0
+    for k in (1, 3, "auto"):
+        for draft in (f"head:{out}", f"head:{out}+lookup"):
+            got = m.generate_batch(PROMPTS, 48, ignore_eos=True, logprobs=2, draft=draft, num_draft_tokens=k,
+                                   draft_branches=3)
+            assert [(r.token_ids, [(x.token, x.logprob, x.top) for x in r.logprobs]) for r in got] == want, (k, draft)
+            assert sum(r.stats.siblings for r in got) > 0
+            won += sum(r.stats.sibling_accepted for r in got)
+    assert won > 0  # the swap path ran
+    batch = loop.Batch(m.net, 3, 128, HeadDrafter(m.head(str(out)), m.net), prefill_chunk=7, prefix_blocks=8,
+                       branches=2)
+    for rnd in range(2):  # the second round starts in the first's shared blocks
+        seqs = [batch.add(m.request(p, 48, ignore_eos=True, num_draft_tokens=2)) for p in PROMPTS[1:]]
+        while batch.running:
+            batch.step()
+        assert [s.generated for s in seqs] == [w[0] for w in want[1:]], rnd
+    assert sorted(batch._helpers) == [3, 4, 5] and batch.cache.blocks_used == batch.prefix.blocks
+
+
 def test_a_repeated_proposal_drafts_the_same(trained):
     """Proposed for twice without a verify between (the loop retries a failed step alone): the same drafts."""
     from exactspec.decode.sampling import SamplingParams
