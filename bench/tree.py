@@ -6,9 +6,10 @@ unit of time of the best chain of k drafts against the best tree of N nodes, for
   ideal  one forward of N + 1 rows with a tree mask (a kernel whose attention reads each node's
          ancestors in a contiguous sequence's order: not built)
   slots  each root-to-leaf branch in its own cache slot (no kernel change, exact by construction):
-         every branch repeats the root row and the nodes it shares with other branches
+         every branch repeats the root row and the nodes it shares with other branches (built for
+         siblings at depth 1: `draft_branches`, decode/loop.py)
 
-    python bench/tree.py [--dtype auto bfloat16] [--max-new-tokens 128]
+    python bench/tree.py [--dtype auto bfloat16] [--max-new-tokens 128] [--head PATH]
 
 Also measured: the verify cost of a chain with 0..3 siblings as the loop runs them (`draft_branches`).
 
@@ -53,10 +54,10 @@ class Ranking(HeadDrafter):
         return logits, guess
 
 
-def measure(target, texts: list[str], max_new: int) -> tuple[np.ndarray, np.ndarray]:
+def measure(target, texts: list[str], max_new: int, path: str | None) -> tuple[np.ndarray, np.ndarray]:
     """(q: P(the target's token is the head's rank r) r = 1..TOP, c: the chain's conditional acceptance
     at depths 1..4 (c[0] = q[0]))."""
-    head = Ranking(target.head(), target.net)
+    head = Ranking(target.head(path), target.net)
     ranks = np.zeros(TOP + 1)
     for text in texts:
         head.seen = []
@@ -68,7 +69,7 @@ def measure(target, texts: list[str], max_new: int) -> tuple[np.ndarray, np.ndar
     q = ranks[:TOP] / ranks.sum()
     prop, acc = np.zeros(4), np.zeros(4)
     for text in texts:
-        st = target.generate(text, max_new, draft="head", num_draft_tokens=4).stats
+        st = target.generate(text, max_new, draft=f"head:{path}" if path else "head", num_draft_tokens=4).stats
         prop += np.array((st.proposed_at + [0] * 4)[:4])
         acc += np.array((st.accepted_at + [0] * 4)[:4])
     p = acc / np.maximum(prop, 1)  # P(the first d drafts accepted)
@@ -123,13 +124,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", nargs="+", default=["auto", "bfloat16"])
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--head", default=None, help="a head folder (default: the shipped one)")
     a = ap.parse_args()
     for dtype in a.dtype:
         target = exactspec.load(fetch.smollm2(), dtype=dtype, max_context=1024)
         texts = [chat.render(target.tokenizer.config, [{"role": "user", "content": m}]) for m in MIX]
         costs = verify_costs(target.net)
-        h = target.make_drafter("head").cost_per_token(target.net)
-        q, c = measure(target, texts, a.max_new_tokens)
+        h = target.make_drafter(f"head:{a.head}" if a.head else "head").cost_per_token(target.net)
+        q, c = measure(target, texts, a.max_new_tokens, a.head)
         print(f"\nSmolLM2 {dtype}: head rank r=1..{TOP} holds the target's token {np.round(q, 3).tolist()}; "
               f"chain conditional acceptance by depth {np.round(c, 3).tolist()}; head {h:.3f} per draft step")
         print("verify cost of n rows (one-row forwards): " + " ".join(f"{n + 1}:{costs[n]:.2f}" for n in range(12)))

@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "model's hidden states) or 'head:PATH' (one made by distill --head)")
     g.add_argument("--draft-dtype", default=None, choices=["auto", "float32", "bfloat16"], help="default: --dtype")
     g.add_argument("--num-draft-tokens", type=_draft_len, default="auto", help="k, 'dynamic' or 'auto' (by measured cost)")
+    g.add_argument("--draft-branches", type=int, default=1, help="tree verification: up to N-1 runners-up of a head's "
+                   "first draft token verified beside it, where the measured costs say it pays (default 1: a chain)")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -287,7 +289,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
     sampling = {f.name: getattr(a, f.name) for f in dataclasses.fields(SamplingParams)}  # flags named as fields
     r = model.generate(a.prompt, max_new_tokens=a.max_new_tokens, ignore_eos=a.ignore_eos, draft=draft,
-                       num_draft_tokens=a.num_draft_tokens, on_text=None if a.json else stream, **sampling)
+                       num_draft_tokens=a.num_draft_tokens, draft_branches=a.draft_branches,
+                       on_text=None if a.json else stream, **sampling)
     s = r.stats
     if a.json:
         print(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,

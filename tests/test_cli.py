@@ -53,6 +53,11 @@ def test_distill_head_then_generate_with_it(ckpt, tmp_path):
     spec = run_cli("generate", "--model", d, "--prompt", "import os", "--max-new-tokens", "30", "--ignore-eos",
                    "--draft", f"head:{out}+lookup")
     assert spec.returncode == 0 and spec.stdout == plain.stdout, spec.stderr
+    tree = run_cli("generate", "--model", d, "--prompt", "import os", "--max-new-tokens", "30", "--ignore-eos",
+                   "--draft", f"head:{out}", "--draft-branches", "3")
+    assert tree.returncode == 0 and tree.stdout == plain.stdout, tree.stderr
+    bad = run_cli("generate", "--model", d, "--prompt", "x", "--draft", "lookup", "--draft-branches", "0")
+    assert bad.returncode == 2 and "draft_branches" in bad.stderr
     (tmp_path / "empty.txt").write_text("\n")
     bad = run_cli("distill", "--head", "--target", d, "--out", str(out), "--prompts", str(tmp_path / "empty.txt"))
     assert bad.returncode == 2 and "no prompts" in bad.stderr

@@ -116,7 +116,9 @@ class SeqState:
     skip: int = 0  # steps to go without drafting (DraftLength.pause)
     predicted: bool = False  # this step's drafts came from the request's prediction
     acceptance: Acceptance = field(default_factory=Acceptance)  # recent, for num_draft_tokens="auto"
-    sibling_rate: Acceptance = field(default_factory=Acceptance)  # recent, per sibling verified (tree)
+    # per sibling verified (tree verification); a runner-up is seldom the target's token (SmolLM2's head:
+    # 19 of 193 in bench/head.py), so the prior is low
+    sibling_rate: Acceptance = field(default_factory=lambda: Acceptance(prior=0.1))
     backoff: int = 1  # the next pause's length
 
     @property
