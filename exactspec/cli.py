@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--prefix-cache-mb", type=int, default=256,
                    help="KV blocks of earlier prompts kept for reuse by later ones with the same start (output "
                         "identical on or off); 0: off")
+    v.add_argument("--draft-branches", type=int, default=1, help="tree verification: up to N-1 runners-up of a head's "
+                   "first draft token verified beside it, where the measured costs say it pays (default 1: a chain)")
     v.add_argument("--prefix-cache-scope", default="shared", choices=["shared", "authorization"],
                    help="share cached prefixes among all requests, or only among those with the same Authorization "
                         "header (a hit answers faster: a timing side channel between tenants); a request's "

@@ -61,7 +61,8 @@ class Server:
         self.limits = dataclasses.replace(model.net.limits, max_stops=opts.max_stops,
                                           max_stop_chars=opts.max_stop_chars)
         self.engine = Engine(model.net, drafter, opts.max_batch, opts.max_queue,  # the KV cache: checked to fit
-                             opts.prefill_chunk, opts.prefix_cache_mb * (1 << 20) // model.net.block_bytes)
+                             opts.prefill_chunk, opts.prefix_cache_mb * (1 << 20) // model.net.block_bytes,
+                             opts.draft_branches)
         self.metrics = Metrics(self.engine)
         self.draining_since: float | None = None  # monotonic time of the shutdown signal
         self.app = self._build()

@@ -82,7 +82,7 @@ class EngineStats:  # what /metrics reports beside the server's own counters
 
 class Engine:
     def __init__(self, target: Transformer, drafter: Drafter | None = None, max_batch: int = 8,
-                 max_queue: int = 64, prefill_chunk: int = 0, prefix_blocks: int = 0):
+                 max_queue: int = 64, prefill_chunk: int = 0, prefix_blocks: int = 0, branches: int = 1):
         self.max_queue = max_queue
         self.queue: collections.deque[Job] = collections.deque()
         self.active: list[Job] = []
@@ -92,7 +92,7 @@ class Engine:
         self.stopped = False
         ready: concurrent.futures.Future = concurrent.futures.Future()
         threads = get_num_threads()  # the caller's setting (--threads): numba's is per thread
-        args = (target, drafter, max_batch, prefill_chunk, prefix_blocks, threads, ready)
+        args = (target, drafter, max_batch, prefill_chunk, prefix_blocks, branches, threads, ready)
         self.thread = threading.Thread(target=self._run, args=args, name="exactspec-engine", daemon=True)
         self.thread.start()
         ready.result()  # the Batch (its KV cache checked to fit) or the error that stopped it
@@ -185,10 +185,10 @@ class Engine:
                 self._finish(job, job.seq.finish_reason)
 
     def _run(self, target: Transformer, drafter: Drafter | None, max_batch: int, prefill_chunk: int,
-             prefix_blocks: int, threads: int, ready: concurrent.futures.Future) -> None:
+             prefix_blocks: int, branches: int, threads: int, ready: concurrent.futures.Future) -> None:
         try:
             set_num_threads(threads)
-            self.batch = Batch(target, max_batch, target.max_context, drafter, prefill_chunk, prefix_blocks)
+            self.batch = Batch(target, max_batch, target.max_context, drafter, prefill_chunk, prefix_blocks, branches)
             self.batch.measure()  # the costs its chunking and draft lengths use: now, not in a request's step
         except BaseException as e:
             self.stopped = True

@@ -34,6 +34,7 @@ class ServeOptions:
     prefix_cache_mb: int = 256  # KV blocks of earlier prompts kept for reuse (exact: same bits); 0: off
     prefix_cache_scope: str = "shared"  # "shared" or "authorization": only requests with the same
     #   Authorization header share blocks (a cache hit answers faster: a timing side channel between tenants)
+    draft_branches: int = 1  # tree verification: up to N-1 runners-up of a head's first draft token, where they pay
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -5,6 +5,7 @@ usage.prompt_tokens_details.cached_tokens and /metrics; a cache_salt (or, with
 import concurrent.futures as cf
 
 import httpx
+import numpy as np
 
 from exactspec.decode.drafters import LookupDrafter
 from exactspec.kernels import BLOCK
@@ -61,3 +62,38 @@ def test_salt_and_authorization_scopes(serve):
     assert hit(bob) == 0  # another tenant: no hit, so no timing signal about alice's prompts
     assert hit(alice, cache_salt="x") == 0 and hit(alice, cache_salt="x") > 0
     assert httpx.post(s.url + "/v1/completions", json=dict(body, cache_salt=5)).status_code == 400
+
+
+class ShiftedLookup(LookupDrafter):
+    """Prompt lookup whose first draft token is moved one id on; lookup's own guess is its runner-up (tree
+    verification then wins exactly where lookup would have been right)."""
+
+    def propose(self, slots, seqs, ks, params):
+        out = super().propose(slots, seqs, ks, params)
+        self.alts = {s: d[:1] for s, d in zip(slots, out)}
+        return [[(d[0] + 1) % 256] + d[1:] if d else d for d in out]
+
+    def alternatives(self, slot):
+        return self.alts.get(slot, [])
+
+
+def test_tree_verification_through_the_server(serve, monkeypatch):
+    """--draft-branches reaches the engine's batch; siblings verified and won beside the prefix cache and
+    concurrent requests change no text, logprob or cached-token count."""
+    from exactspec.decode import loop
+    from exactspec.model.cache import KVCache
+    monkeypatch.setattr(loop, "verify_costs", lambda net: np.ones(17))  # every sibling pays
+    swaps, swap = [], KVCache.swap
+    monkeypatch.setattr(KVCache, "swap", lambda self, *a: (swaps.append(a), swap(self, *a)))
+    texts, cached = {}, {}
+    for branches in (1, 2):
+        s = serve(ServeOptions(max_batch=3, draft_branches=branches), drafter=ShiftedLookup(), num_draft_tokens=3)
+        _post(s.url, dict(prompt=SYSTEM + "Hello.", max_tokens=2))
+        with cf.ThreadPoolExecutor(5) as ex:
+            got = list(ex.map(lambda b: _post(s.url, b), _bodies()))
+        texts[branches] = [(g["choices"][0]["text"], g["choices"][0]["logprobs"]["token_logprobs"]) for g in got]
+        cached[branches] = [g["usage"]["prompt_tokens_details"]["cached_tokens"] for g in got]
+        assert s.srv.engine.batch.branches == branches
+        s.stop()
+        assert (len(swaps) > 0) == (branches > 1)  # siblings won (their blocks swapped in) with branches only
+    assert texts[2] == texts[1] and cached[2] == cached[1]
