@@ -230,8 +230,8 @@ class HeadDrafter(Drafter):
             for r, i in enumerate(live):
                 t = self._pick(logits[r], params[i], seqs[i] + out[i])
                 if first and params[i].greedy and params[i].repetition_penalty == 1.0:  # the runners-up
-                    top = self.head.vocab[torch.topk(logits[r], min(self.ALTERNATIVES + 1, len(logits[r]))).indices].tolist()
-                    self.alts[slots[i]] = [a for a in top if a != t][: self.ALTERNATIVES]
+                    top = torch.topk(logits[r], min(self.ALTERNATIVES + 1, len(logits[r]))).indices
+                    self.alts[slots[i]] = [a for a in self.head.vocab[top].tolist() if a != t][: self.ALTERNATIVES]
                 out[i].append(t)
                 need, k = at[i]
                 if len(out[i]) < k:

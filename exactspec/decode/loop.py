@@ -148,11 +148,11 @@ class Batch:
     def __init__(self, target: Transformer, n_slots: int, capacity: int, drafter: Drafter | None = None,
                  prefill_chunk: int = 0, prefix_blocks: int = 0, branches: int = 1):
         """`branches` > 1: tree verification, up to branches - 1 siblings of each draft's first token
-        (the drafter's runners-up) verified in the same forward where they pay (`_siblings`)."""
+        (the drafter's runners-up) verified in the same forward where they pay (cost.best_siblings)."""
         for name, v, low in (("prefill_chunk", prefill_chunk, 0), ("prefix_blocks", prefix_blocks, 0),
                              ("draft_branches", branches, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise InvalidRequest(f"{name}={v!r}: must be an integer >= {low}" + (" (0: off)" if not low else ""), name)
+                raise InvalidRequest(f"{name}={v!r}: must be an integer >= {low}{'' if low else ' (0: off)'}", name)
         self.target, self.drafter, self.prefill_chunk = target, drafter, prefill_chunk
         self.capacity = min(capacity, target.max_context)
         self.branches = branches if drafter is not None else 1
@@ -354,7 +354,7 @@ class Batch:
                 s.sibling_rate.add(1, int(x[3] == choice[0]))
                 s.stats.siblings += 1
             if won:  # the sibling's keys (position n) become the sequence's: its block is swapped in
-                lr, fr, slot, t = won[0]
+                _, fr, slot, _ = won[0]
                 s.stats.sibling_accepted += 1
                 self.cache.swap(s.slot, slot, n // BLOCK)
                 if hidden is not None:
