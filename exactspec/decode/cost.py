@@ -87,11 +87,15 @@ def verify_costs(net: Transformer) -> np.ndarray:
     return _COSTS[net]
 
 
+def tokens_per_time(alpha: float, costs: np.ndarray, per_draft: float, max_k: int = MAX_K) -> np.ndarray:
+    """[k] for k in 0..max_k: a verify of k drafts' expected tokens (1 + alpha + ... + alpha^k) over its cost."""
+    k = np.arange(min(max_k, len(costs) - 1) + 1)
+    return np.cumsum(alpha ** k) / (costs[k] + k * per_draft)
+
+
 def best_k(alpha: float, costs: np.ndarray, per_draft: float, max_k: int = MAX_K) -> int:
     """The k in 0..max_k with the most expected tokens per unit of time."""
-    k = np.arange(min(max_k, len(costs) - 1) + 1)
-    tokens = np.cumsum(alpha ** k)  # 1 + alpha + ... + alpha^k
-    return int(np.argmax(tokens / (costs[k] + k * per_draft)))
+    return int(np.argmax(tokens_per_time(alpha, costs, per_draft, max_k)))
 
 
 def best_siblings(alpha: float, rate: float, k: int, most: int, costs: np.ndarray, drafting: float) -> int:

@@ -20,7 +20,7 @@ import numpy as np
 from .. import kernels as K
 from ..errors import InvalidRequest
 from ..model.transformer import Rows, Transformer
-from .cost import Acceptance, one_row_seconds, verify_costs
+from .cost import Acceptance, one_row_seconds, tokens_per_time, verify_costs
 from .sampling import SamplingParams, pick
 
 
@@ -296,11 +296,9 @@ class MixDrafter(Drafter):
     def choose(self, slot: int, free_len: int, k: int) -> int:
         """Draft tokens to ask the model for (0: the lookup's draft of free_len tokens is worth more)."""
         costs = verify_costs(self.target)
-        k = min(k, len(costs) - 1)
         a_free, a_model = (x.alpha for x in self.acc[slot])
-        free = np.sum(a_free ** np.arange(free_len + 1)) / costs[free_len] if free_len else 0.0
-        ks = np.arange(1, k + 1)
-        value = np.cumsum(a_model ** np.arange(k + 1))[1:] / (costs[ks] + ks * self.cost_per_token(self.target))
+        free = tokens_per_time(a_free, costs, 0.0, free_len)[free_len] if free_len else 0.0
+        value = tokens_per_time(a_model, costs, self.cost_per_token(self.target), k)[1:]
         best = int(np.argmax(value))
         return 0 if free >= value[best] else best + 1
 

@@ -144,10 +144,15 @@ class HeadDrafter(Drafter):
         self.head, self.target = head, target
         self.H = target.cfg.hidden_size
         self.forward_passes = 0
-        self.alts: dict[int, list[int]] = {}  # slot -> the runners-up of its last draft's first token
+        self.first_row: dict[int, tuple[torch.Tensor, int]] = {}  # slot -> its last draft's first logits row and pick
 
     def alternatives(self, slot: int) -> list[int]:
-        return self.alts.get(slot, [])
+        """Ranked only when asked (tree verification on): the head's next choices after its pick."""
+        if slot not in self.first_row:
+            return []
+        row, t = self.first_row[slot]
+        top = self.head.vocab[torch.topk(row, min(self.ALTERNATIVES + 1, len(row))).indices].tolist()
+        return [a for a in top if a != t][: self.ALTERNATIVES]
 
     def begin(self, n_slots: int, capacity: int) -> None:
         self.cache = self.head.net.new_cache(n_slots, capacity)
@@ -157,7 +162,7 @@ class HeadDrafter(Drafter):
         self.fed = [0] * n_slots  # head cache entries computed from true states
 
     def release(self, slot: int) -> None:
-        self.alts.pop(slot, None)
+        self.first_row.pop(slot, None)
         self.known[slot] = self.fed[slot] = self.start[slot] = 0
         self.states[slot] = np.empty((0, self.H), np.float32)
         self.cache.release(slot)
@@ -206,7 +211,7 @@ class HeadDrafter(Drafter):
         rows, toks, feed, live, at = Rows(), [], [], [], {}
         cap = self.cache.capacity
         for s in slots:
-            self.alts.pop(s, None)
+            self.first_row.pop(s, None)
         for i, (s, seq, k) in enumerate(zip(slots, seqs, ks)):
             need = len(seq) - 1 - self.start[s]  # entries 0 .. need-1 from true states; the last drafts token 1
             k = min(k, cap - need)
@@ -229,9 +234,8 @@ class HeadDrafter(Drafter):
             rows, toks, states, nxt = Rows(), [], [], []
             for r, i in enumerate(live):
                 t = self._pick(logits[r], params[i], seqs[i] + out[i])
-                if first and params[i].greedy and params[i].repetition_penalty == 1.0:  # the runners-up
-                    top = torch.topk(logits[r], min(self.ALTERNATIVES + 1, len(logits[r]))).indices
-                    self.alts[slots[i]] = [a for a in self.head.vocab[top].tolist() if a != t][: self.ALTERNATIVES]
+                if first and params[i].greedy and params[i].repetition_penalty == 1.0:  # for alternatives()
+                    self.first_row[slots[i]] = (logits[r], t)
                 out[i].append(t)
                 need, k = at[i]
                 if len(out[i]) < k:

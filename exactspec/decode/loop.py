@@ -329,7 +329,8 @@ class Batch:
                 continue
             out.append((s, self._commit(s, [t], logits[i: i + 1])))
         sibs: dict[int, list[tuple[int, int, int, int]]] = {}  # old index -> (logits row, forward row, helper, token)
-        rs, hs = r + sum(len(d) + 1 for d in drafts), h + sum(len(d) + 1 for d in drafts)  # after the chains' rows
+        chains = sum(len(d) + 1 for d in drafts)
+        rs, hs = r + chains, h + chains  # the siblings' rows come after the chains'
         for i, slot, t in self._sibs:
             sibs.setdefault(i, []).append((rs, hs, slot, t))
             rs, hs = rs + 2, hs + 2
