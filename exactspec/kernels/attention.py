@@ -10,6 +10,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
+from .attnvec import G, V, add_values, kv_vector_ok, score_blocks
 from .threads import SERIAL_WORK, TwoBuilds
 
 
@@ -94,6 +95,8 @@ def _attend(qv, kk, vv, blocks, j0, n, mrow, scale, o):
     # never enter the max, the sum or the output.
     B = kk.shape[2]
     every = mrow.shape[0] == 0
+    if B == BLOCK and every and qv.shape[0] % V == 0 and _vector_attend(qv, kk, vv, blocks, j0, n, scale, o):
+        return  # the same operations, as vector code (attnvec.py)
     sc = np.zeros(n, np.float32)
     for b in range(j0 // B, (j0 + n - 1) // B + 1):
         kb = kk[blocks[b]]
@@ -131,6 +134,49 @@ def _attend(qv, kk, vv, blocks, j0, n, mrow, scale, o):
                     o[d] += e * kv_load(vr[d])
     for d in range(o.shape[0]):
         o[d] = o[d] / l
+
+
+@njit(inline="always")
+def _attend_blocks(qv, kk, vv, blocks, j0, n, scale, o):
+    # _attend without a mask, on blocks of BLOCK keys: each block's 16 scores as one vector chain over d,
+    # then the same scale, exact max, exp and sums over keys ascending; values o[d] + e * v[j, d] in
+    # chunks of 16 d's. Every value as the scalar loops compute it (tests compare them bitwise).
+    first = j0 // BLOCK
+    nblk = (j0 + n - 1) // BLOCK - first + 1
+    sc = np.empty(nblk * BLOCK, np.float32)
+    for i in range(0, nblk, G):
+        score_blocks(qv, kk, blocks, first + i, nblk - i, sc[i * BLOCK:])
+    off = j0 - first * BLOCK  # key j0's score
+    mx = np.float32(-np.inf)
+    for j in range(off, off + n):
+        s = sc[j] * scale
+        sc[j] = s
+        if s > mx:
+            mx = s
+    l = np.float32(0.0)
+    for j in range(off, off + n):
+        e = np.float32(math.exp(sc[j] - mx))
+        sc[j] = e
+        l += e
+    o[:] = 0.0
+    add_values(o, sc[off:], vv, blocks, j0, j0 + n)
+    for d in range(o.shape[0]):
+        o[d] = o[d] / l
+
+
+def _vector_attend(qv, kk, vv, blocks, j0, n, scale, o) -> bool:
+    """_attend_blocks where the cache arrays are C-contiguous (else False: the scalar loops run)."""
+
+
+@overload(_vector_attend, inline="always")
+def _vector_attend_impl(qv, kk, vv, blocks, j0, n, scale, o):
+    if not (kv_vector_ok(kk) and kv_vector_ok(vv)):
+        return lambda qv, kk, vv, blocks, j0, n, scale, o: False
+
+    def run(qv, kk, vv, blocks, j0, n, scale, o):
+        _attend_blocks(qv, kk, vv, blocks, j0, n, scale, o)
+        return True
+    return run
 
 
 @njit(inline="always")

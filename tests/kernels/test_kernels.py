@@ -174,6 +174,31 @@ def test_masked_attention_equals_the_engine_kernel_and_ignores_masked_keys(windo
     assert torch.equal(empty, torch.zeros_like(empty))  # a row that may attend nothing: zeros, not NaN
 
 
+@pytest.mark.parametrize("D", [24, 32, 80])
+@pytest.mark.parametrize("kv", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [0, 5, 21])
+def test_vector_attention_gives_the_bits_of_the_scalar_loops(D, kv, window):
+    """The engine kernel's vector code (kernels/attnvec.py: 16 keys of a block per vector, 4 chains side by
+    side, values in chunks of 16 d's) computes the scalar loops' operations lane by lane: the
+    transformers-layout kernel runs those loops (one block of any size, under a mask), and the two agree
+    bitwise for 1..5 blocks (a group of 4 and a lone one), partial first and last blocks (windows), 1..5
+    chunks of d (80), a bfloat16 cache, and D = 24 (no vector path)."""
+    torch.manual_seed(3)
+    T, Hq, Hkv = 75, 4, 2
+    q, k, v = torch.randn(T, Hq, D), torch.randn(T, Hkv, D), torch.randn(T, Hkv, D)
+    k, v = k.to(kv).float(), v.to(kv).float()  # the values a bfloat16 cache holds
+    kt, vc, table = _cache_with(k, v, 80, 1, 2)
+    got = K.attention(q, kt.to(kv), vc.to(kv), table, torch.ones(T, dtype=torch.long), torch.arange(T), 0.25, window)
+    i = torch.arange(T)
+    mask = i[None, :] <= i[:, None]
+    if window:
+        mask &= i[None, :] > i[:, None] - window
+    hq, hk, hv = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    want = masked_attention(hq, hk, hv, mask[None].to(torch.uint8).numpy(), 0.25)[0]
+    assert torch.equal(got, want)
+    assert torch.allclose(got, K.attention_ref(q, k, v, 0.25, window), atol=1e-5)
+
+
 def test_rope_table_entries_do_not_depend_on_length():
     f = torch.rand(8)
     c1, s1 = K.rope_table(f, 37)
