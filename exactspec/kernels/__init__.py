@@ -19,15 +19,17 @@ thread count or the CPU. How that is achieved:
   narrower vector (SSE, AVX2, AVX-512) splits lanes differently but never changes a lane's chain.
 * Threads (numba prange) split outputs: weight blocks, rows, (row, head) pairs. One output is
   always computed by one thread, start to end.
-* Transcendentals (exp) are scalar libm calls in loops indexed by a row's own positions, so an
-  element never switches between a vector body and a scalar tail. SVML is disabled in
+* exp is our own (`expf.exp32`: rint, FMAs and multiplies, each correctly rounded), so an element gets
+  the same bits in a vector body or a scalar tail, on any CPU and whatever libm is installed; loops
+  that apply it vectorize. (The one libm call left in the kernels: the log of log_softmax's sum, once
+  per row; and cos/sin of the RoPE table, in float64, made once.) SVML is disabled in
   `exactspec/__init__.py` before numba is imported.
 * Everything except the linear kernel (norms, attention, rope, softmax) uses plain mul and add.
 
 Rooms: `quant` (each format's weight value), `layout` (the packed byte layout), `cpu` (what the
 target has: speed only), `tile` (the register tile in LLVM IR), `pack` (weights into that layout),
-`linear`, `rows` (norms, SwiGLU, rotary, softmax), `attention`, `threads` (pool size, serial/parallel
-builds).
+`linear`, `rows` (norms, SwiGLU, rotary, softmax), `attention` (its vector loops: `attnvec`), `expf`,
+`threads` (pool size, serial/parallel builds).
 """
 from .attention import BLOCK, as_numpy, attention, attention_ref
 from .linear import ADD, STORE, SWIGLU, fma_ref, linear, linear_np, linear_ref

@@ -2,14 +2,13 @@
 arithmetic, shared with the transformers-layout masked attention of exactspec.hf)."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
+from .expf import exp32
 from .attnvec import G, V, add_values, kv_vector_ok, score_blocks
 from .threads import SERIAL_WORK, TwoBuilds
 
@@ -127,7 +126,7 @@ def _attend(qv, kk, vv, blocks, j0, n, mrow, scale, o):
         vb = vv[blocks[b]]
         for j in range(max(j0, b * B), min(j0 + n, (b + 1) * B)):
             if every or mrow[j] != 0:
-                e = np.float32(math.exp(sc[j - j0] - mx))
+                e = exp32(sc[j - j0] - mx)
                 l += e
                 vr = vb[j - b * B]
                 for d in range(o.shape[0]):
@@ -146,20 +145,20 @@ def _attend_blocks(qv, kk, vv, blocks, j0, n, scale, o):
     sc = np.empty(nblk * BLOCK, np.float32)
     for i in range(0, nblk, G):
         score_blocks(qv, kk, blocks, first + i, nblk - i, sc[i * BLOCK:])
-    off = j0 - first * BLOCK  # key j0's score
+    s = sc[j0 - first * BLOCK:]  # key j0's score first (loops from 0: no index wraparound, they vectorize)
     mx = np.float32(-np.inf)
-    for j in range(off, off + n):
-        s = sc[j] * scale
-        sc[j] = s
-        if s > mx:
-            mx = s
+    for j in range(n):
+        v = s[j] * scale
+        s[j] = v
+        if v > mx:
+            mx = v
+    for j in range(n):  # a map: vectorized (exp32's bits do not depend on the lane)
+        s[j] = exp32(s[j] - mx)
     l = np.float32(0.0)
-    for j in range(off, off + n):
-        e = np.float32(math.exp(sc[j] - mx))
-        sc[j] = e
-        l += e
+    for j in range(n):
+        l += s[j]
     o[:] = 0.0
-    add_values(o, sc[off:], vv, blocks, j0, j0 + n)
+    add_values(o, s, vv, blocks, j0, j0 + n)
     for d in range(o.shape[0]):
         o[d] = o[d] / l
 

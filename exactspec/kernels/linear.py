@@ -11,6 +11,7 @@ from numba import njit, prange
 from numba.extending import overload
 
 from . import tile
+from .expf import exp32
 from .actquant import _is_int_dot, act_buffers, acts, nrows
 from .cpu import MR_INT, MR_MAX
 from .layout import NL
@@ -72,7 +73,7 @@ def _linear_block(x, w, bias, y, b, mode):
                     uv = u[m, j]
                     if bias.shape[0] > 0:
                         uv = uv + bias[y.shape[1] + n0 + j]
-                    y[m0 + m, n0 + j] = v / (np.float32(1.0) + np.float32(math.exp(-v))) * uv
+                    y[m0 + m, n0 + j] = v / (np.float32(1.0) + exp32(-v)) * uv
                 elif mode == ADD:
                     y[m0 + m, n0 + j] = y[m0 + m, n0 + j] + v
                 else:

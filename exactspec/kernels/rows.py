@@ -10,6 +10,7 @@ import torch
 from numba import njit, prange
 
 from .attention import as_numpy, kv_store
+from .expf import exp32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -73,7 +74,7 @@ def _silu_mul(gu, y):
     for m in range(M):
         for i in range(half):
             g = gu[m, i]
-            y[m, i] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * gu[m, half + i]
+            y[m, i] = g / (np.float32(1.0) + exp32(-g)) * gu[m, half + i]
     return y
 
 
@@ -169,7 +170,7 @@ def _softmax(x, y):
         mx = _row_max(x[m])
         s = np.float32(0.0)
         for i in range(x.shape[1]):
-            e = np.float32(math.exp(x[m, i] - mx))  # exp(-inf) = 0 for filtered tokens
+            e = exp32(x[m, i] - mx)  # exp(-inf) = 0 for filtered tokens
             y[m, i] = e
             s += e
         for i in range(x.shape[1]):
@@ -183,7 +184,7 @@ def _log_softmax(x, y):
         mx = _row_max(x[m])
         s = np.float32(0.0)
         for i in range(x.shape[1]):
-            s += np.float32(math.exp(x[m, i] - mx))
+            s += exp32(x[m, i] - mx)
         ls = np.float32(math.log(s))
         for i in range(x.shape[1]):
             y[m, i] = (x[m, i] - mx) - ls
