@@ -1,6 +1,7 @@
 """The paged KV cache: blocks handed out as positions arrive, lowest first, returned when a sequence
 ends; memory resident by use, not by max_batch x max_context."""
 import numpy as np
+import torch
 
 import exactspec
 from exactspec.decode.loop import Batch
@@ -24,6 +25,28 @@ def test_blocks_follow_the_positions_held():
     assert c.blocks_used == 1 and (c.table[1] < 0).all()
     c.reserve(np.array([2]), np.array([0]))
     assert c.table[2, 0] in (0, 1)  # a freed block is reused before fresh ones
+
+
+def test_a_block_is_zeros_when_first_handed_out_and_keeps_its_keys_after():
+    """The attention reads a block's 16 keys as one vector, unwritten positions too: never-written memory
+    (here NaN; in a recycled heap, possibly subnormals: ~100x slower arithmetic) is zeroed on first use."""
+    c = KVCache(2, 2, 1, 4, 2 * BLOCK)
+    c.k.fill_(float("nan"))
+    c.v.fill_(float("nan"))
+    c.reserve(np.array([0, 1]), np.array([3, BLOCK + 1]))
+    for b in (c.table[0, 0], c.table[1, 1]):
+        assert (c.k[:, :, b] == 0).all() and (c.v[:, :, b] == 0).all()
+    c.k[:, :, c.table[0, 0]] = 7.0  # written keys
+    kept = int(c.table[0, 0])
+    c.release(0)
+    c.reserve(np.array([0]), np.array([0]))
+    assert c.table[0, 0] == kept and (c.k[:, :, kept] == 7.0).all()  # used before: not zeroed again
+    c.release(0)
+    c.reserve(np.array([1]), np.array([0]))
+    c.k[:, :, c.table[1, 1]] = 5.0
+    c.fork(1, 0, BLOCK + 1)  # slot 1's partial block copied into a fresh one: the copy, not zeros
+    assert c.table[0, 0] == c.table[1, 0] and c.table[0, 1] != c.table[1, 1]
+    assert torch.equal(c.k[:, :, c.table[0, 1]], c.k[:, :, c.table[1, 1]])
 
 
 def test_a_big_cache_is_not_resident_until_used():
