@@ -18,8 +18,9 @@ import numpy as np
 from ..model.transformer import Rows, Transformer
 
 MAX_K = 16
+FAR = 512  # the longer context the verify costs are measured at
 _MEASURED = (1, 2, 3, 5, 9, MAX_K + 1)  # row counts timed; the others interpolated
-_COSTS: "weakref.WeakKeyDictionary[Transformer, np.ndarray]" = weakref.WeakKeyDictionary()
+_COSTS: "weakref.WeakKeyDictionary[Transformer, tuple]" = weakref.WeakKeyDictionary()
 _ONE_ROW: "weakref.WeakKeyDictionary[Transformer, float]" = weakref.WeakKeyDictionary()
 _ATTENTION: "weakref.WeakKeyDictionary[Transformer, float]" = weakref.WeakKeyDictionary()
 DECAY = 0.8  # acceptance is counted over about the last 1 / (1 - DECAY) = 5 verify steps
@@ -41,11 +42,11 @@ def _fastest(net: Transformer, cache, rows: Rows) -> float:
     return fastest(lambda: rows.forward(net, cache))
 
 
-def _seconds(net: Transformer, n: int) -> float:
-    """A forward of n rows of one sequence (positions 32.., a short context)."""
+def _seconds(net: Transformer, n: int, at: int = 32) -> float:
+    """A forward of n rows of one sequence at positions at.. (their attention reads at + 1.. keys)."""
     rows = Rows()
-    rows.add(0, [1] * n, 32, logits_from=0)
-    return _fastest(net, net.new_cache(1, 32 + n), rows)
+    rows.add(0, [1] * n, at, logits_from=0)
+    return _fastest(net, net.new_cache(1, at + n), rows)
 
 
 def _row_at(net: Transformer, pos: int) -> float:
@@ -77,14 +78,32 @@ def one_row_seconds(net: Transformer) -> float:
     return _ONE_ROW[net]
 
 
-def verify_costs(net: Transformer) -> np.ndarray:
-    """(MAX_K + 1,) costs[k]: a forward of k + 1 rows over one of 1 row, measured once per model
-    (about 25 forwards) and made non-decreasing."""
+def _far(net: Transformer) -> int:
+    """The second context the verify costs are measured at (32, none, for a model too short for one)."""
+    return max(32, min(FAR, net.max_context - MAX_K - 1))
+
+
+def _verify_seconds(net: Transformer) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of a forward of each of _MEASURED row counts at 32 and at _far(net) positions."""
     if net not in _COSTS:
-        t = np.array([one_row_seconds(net) if n == 1 else _seconds(net, n) for n in _MEASURED])
-        c = np.interp(np.arange(1, MAX_K + 2), _MEASURED, t / t[0])
-        _COSTS[net] = np.maximum.accumulate(np.maximum(c, 1.0))
+        near = np.array([one_row_seconds(net) if n == 1 else _seconds(net, n) for n in _MEASURED])
+        far = np.array([_seconds(net, n, _far(net)) for n in _MEASURED]) if _far(net) > 32 else near
+        _COSTS[net] = (near, far)
     return _COSTS[net]
+
+
+def verify_costs(net: Transformer, context: int = 32) -> np.ndarray:
+    """(MAX_K + 1,) costs[k]: a forward of k + 1 rows after `context` positions, over a one-row forward
+    at 32 (so costs[0] >= 1 grows with the context: each row's attention reads every key before it),
+    measured once per model at 32 and at 512 positions (about 50 forwards), linear in the context
+    between and beyond, interpolated between measured row counts, made non-decreasing in k. A verify
+    of k drafts against a one-row step is costs[k] / costs[0] at the sequence's own length: at 300
+    positions on SmolLM2 Q4_1 the rows' attention is ~1/3 of a short forward each."""
+    near, far = _verify_seconds(net)
+    f = max(context - 32, 0) / (_far(net) - 32) if _far(net) > 32 else 0.0
+    t = near + f * np.maximum(far - near, 0.0)
+    c = np.interp(np.arange(1, MAX_K + 2), _MEASURED, t / near[0])
+    return np.maximum.accumulate(np.maximum(c, 1.0))
 
 
 def tokens_per_time(alpha: float, costs: np.ndarray, per_draft: float, max_k: int = MAX_K) -> np.ndarray:

@@ -293,9 +293,10 @@ class MixDrafter(Drafter):
         self.acc[slot][src].add(len(draft), a)
         self.last[slot] = None
 
-    def choose(self, slot: int, free_len: int, k: int) -> int:
-        """Draft tokens to ask the model for (0: the lookup's draft of free_len tokens is worth more)."""
-        costs = verify_costs(self.target)
+    def choose(self, slot: int, free_len: int, k: int, context: int = 32) -> int:
+        """Draft tokens to ask the model for (0: the lookup's draft of free_len tokens is worth more), for a
+        sequence of `context` tokens."""
+        costs = verify_costs(self.target, context)
         a_free, a_model = (x.alpha for x in self.acc[slot])
         free = tokens_per_time(a_free, costs, 0.0, free_len)[free_len] if free_len else 0.0
         value = tokens_per_time(a_model, costs, self.cost_per_token(self.target), k)[1:]
@@ -306,7 +307,7 @@ class MixDrafter(Drafter):
         for s, seq in zip(slots, seqs):
             self._learn(s, seq)
         out = self.free.propose(slots, seqs, ks, params)
-        want = [self.choose(s, len(d), k) if k > 0 else 0 for s, d, k in zip(slots, out, ks)]
+        want = [self.choose(s, len(d), k, len(seq)) if k > 0 else 0 for s, seq, d, k in zip(slots, seqs, out, ks)]
         ask = [i for i, w in enumerate(want) if w]
         if ask:
             got = self.model.propose([slots[i] for i in ask], [seqs[i] for i in ask], [want[i] for i in ask],

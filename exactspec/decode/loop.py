@@ -271,7 +271,8 @@ class Batch:
             elif drafts[i] and self.branches > 1:
                 alts = [t for t in self.drafter.alternatives(s.slot) if t != drafts[i][0]]
                 n, most = len(drafts[i]), min(len(alts), self.branches - 1)
-                j = best_siblings(s.acceptance.alpha, s.sibling_rate.alpha, n, most, verify_costs(self.target),
+                costs = verify_costs(self.target, len(s.tokens))
+                j = best_siblings(s.acceptance.alpha, s.sibling_rate.alpha, n, most, costs,
                                   n * self.drafter.cost_per_token(self.target))
                 for t in alts[:j]:
                     self._sibs.append((i, self._helpers.pop(), t))
@@ -382,7 +383,8 @@ class Batch:
         1, 2, 4, ... steps, then probe with one draft token."""
         s.acceptance.add(proposed, accepted)
         per_draft = self.drafter.cost_per_token(self.target) if self.drafter is not None and not s.predicted else 0.0
-        k = best_k(s.acceptance.alpha, verify_costs(self.target), per_draft, s.req.draft_len.max_k)  # both measured once
+        costs = verify_costs(self.target, len(s.tokens))  # at this sequence's length; measured once
+        k = best_k(s.acceptance.alpha, costs, per_draft, s.req.draft_len.max_k)
         if k:
             s.k, s.backoff = k, 1
         else:

@@ -125,7 +125,7 @@ def test_beside_decoding_a_chunk_carries_the_rows_its_measured_cost_allows(ckpt,
     is cut to the rows that keep the step within 1 + PREFILL_STEP_SHARE of a one-row step; alone it
     takes whole chunks. Tokens are the solo tokens."""
     steep = np.array([1.0, 1.1, 1.3, 1.5, 1.7] + [2.0 + 0.3 * i for i in range(12)])  # SmolLM2 Q4_1's shape
-    monkeypatch.setattr(chunking, "verify_costs", lambda net: steep)
+    monkeypatch.setattr(chunking, "verify_costs", lambda net, context=32: steep)
     target = exactspec.load(ckpt("llama"))
     long, short = list(range(3, 80)), [5, 6, 7]
     want = [target.generate(p, n, ignore_eos=True).token_ids for p, n in ((long, 4), (short, 12))]

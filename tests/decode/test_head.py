@@ -69,7 +69,7 @@ def test_the_trained_head_is_saved_with_its_figures(trained):
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_head_drafts_change_speed_never_tokens(trained, temperature, monkeypatch):
-    monkeypatch.setattr(loop, "verify_costs", lambda net: np.ones(17))  # the "auto" k: not a timing
+    monkeypatch.setattr(loop, "verify_costs", lambda net, context=32: np.ones(17))  # the "auto" k: not a timing
     m, out, _ = trained
     kw = dict(temperature=temperature, seed=5, ignore_eos=True, logprobs=2)
     plain = m.generate_batch(PROMPTS, 48, **kw)
@@ -90,7 +90,7 @@ def test_tree_verification_changes_speed_never_tokens(trained, monkeypatch):
     """Siblings of the head's first draft verified beside it (every time: rows cost nothing here), in a
     ragged batch and alone, chunked prompts and prefix-cache hits: plain decoding's tokens and logprobs;
     some siblings win (their keys swapped in), and no helper keeps a block."""
-    monkeypatch.setattr(loop, "verify_costs", lambda net: np.ones(17))  # every sibling pays
+    monkeypatch.setattr(loop, "verify_costs", lambda net, context=32: np.ones(17))  # every sibling pays
     m, out, _ = trained
     plain = m.generate_batch(PROMPTS, 48, ignore_eos=True, logprobs=2)
     want = [(r.token_ids, [(x.token, x.logprob, x.top) for x in r.logprobs]) for r in plain]

@@ -26,7 +26,7 @@ class Model(Drafter):
 
 @pytest.fixture
 def mix(monkeypatch):
-    monkeypatch.setattr(drafters, "verify_costs", lambda net: COSTS)
+    monkeypatch.setattr(drafters, "verify_costs", lambda net, context=32: COSTS)
     m = MixDrafter(LookupDrafter(), Model(0.05), target=None)
     m.begin(2, 64)
     return m

@@ -31,7 +31,7 @@ def test_from_prediction_follows_the_output_through_the_guess():
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_prediction_changes_speed_never_tokens(ckpt, temperature, monkeypatch):
-    monkeypatch.setattr(loop, "verify_costs", lambda net: np.ones(17))  # the k chosen: not a timing
+    monkeypatch.setattr(loop, "verify_costs", lambda net, context=32: np.ones(17))  # the k chosen: not a timing
     m = exactspec.load(ckpt("llama"))
     kw = dict(temperature=temperature, seed=3, ignore_eos=True, logprobs=2)
     plain = m.generate_batch(PROMPTS, 40, **kw)

@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from scipy.stats import chisquare
 
 import exactspec
+from exactspec.decode import cost
 from exactspec.decode.cost import Acceptance, best_k, verify_costs
 from exactspec.decode import loop
 from exactspec.decode.drafters import DraftModelDrafter, LookupDrafter
@@ -83,7 +84,7 @@ def test_auto_draft_length_by_cost(pair, monkeypatch):
     assert costs.shape == (17,) and costs[0] == 1.0 and (np.diff(costs) >= 0).all()
     # the decode runs below with fixed costs (verify rows free, a draft token 0.3 of a forward): the k
     # chosen depends on the acceptance only, not on this machine's timings
-    monkeypatch.setattr(loop, "verify_costs", lambda net: flat)
+    monkeypatch.setattr(loop, "verify_costs", lambda net, context=32: flat)
     monkeypatch.setattr(DraftModelDrafter, "cost_per_token", lambda self, target: 0.3)
     # an unrelated draft model: drafting all but stops (probes after growing pauses); tokens unchanged
     plain = target.generate(PROMPTS[2], N_NEW, ignore_eos=True).token_ids
@@ -93,6 +94,25 @@ def test_auto_draft_length_by_cost(pair, monkeypatch):
     # a right prediction: long drafts (costs of verify rows aside, alpha near 1)
     guess = target.generate(PROMPTS[2], N_NEW, ignore_eos=True, prediction=plain, num_draft_tokens="auto")
     assert guess.token_ids == plain and guess.stats.forward_passes * 4 < N_NEW
+
+
+def test_verify_costs_grow_with_the_sequence_length(pair, monkeypatch):
+    """Each verify row attends every key before it, so a verify of k drafts costs more against a one-row
+    step late in a sequence: the costs are measured at 32 and at 512 positions and taken linearly in
+    the context (here from fixed seconds, not this machine's timings)."""
+    target, _ = pair("llama", "float32")
+    net = target.net
+    rows = np.array(cost._MEASURED, float)
+    near, far = 1.0 + 0.1 * (rows - 1), 1.5 + 0.4 * (rows - 1)  # seconds at 32 and at 512 positions
+    monkeypatch.setitem(cost._COSTS, net, (near, far))
+    assert cost._far(net) == 512
+    at32, at512, mid = verify_costs(net), verify_costs(net, 512), verify_costs(net, 272)
+    assert at32[0] == 1.0 and np.allclose(at32[[0, 1, 2, 4, 8, 16]], near)
+    assert np.allclose(at512[[0, 1, 2, 4, 8, 16]], far) and np.allclose(mid, (at32 + at512) / 2)
+    assert np.allclose(verify_costs(net, 10), at32)  # no shorter than the near measurement
+    # the verify's price over a one-row step rises with the context: 5 rows 1.4x a step at 32, 2.07x at 512
+    assert at32[4] / at32[0] < at512[4] / at512[0]
+    assert best_k(0.5, at32, 0.0) > best_k(0.5, at512, 0.0)  # so "auto" drafts fewer tokens late
 
 
 SAMPLING = [dict(temperature=0.8), dict(temperature=1.3, top_k=20), dict(temperature=0.7, top_p=0.9),

@@ -82,7 +82,7 @@ def test_tree_verification_through_the_server(serve, monkeypatch):
     concurrent requests change no text, logprob or cached-token count."""
     from exactspec.decode import loop
     from exactspec.model.cache import KVCache
-    monkeypatch.setattr(loop, "verify_costs", lambda net: np.ones(17))  # every sibling pays
+    monkeypatch.setattr(loop, "verify_costs", lambda net, context=32: np.ones(17))  # every sibling pays
     swaps, swap = [], KVCache.swap
     monkeypatch.setattr(KVCache, "swap", lambda self, *a: (swaps.append(a), swap(self, *a)))
     texts, cached = {}, {}
