@@ -146,6 +146,15 @@ def test_attention_close_to_reference_and_invariant(window):
                        out[perm])
 
 
+def _causal(T: int, window: int) -> torch.Tensor:
+    """(T, T) bool: row i may attend keys j <= i (and > i - window)."""
+    i = torch.arange(T)
+    mask = i[None, :] <= i[:, None]
+    if window:
+        mask &= i[None, :] > i[:, None] - window
+    return mask
+
+
 @pytest.mark.parametrize("window", [0, 16])
 def test_masked_attention_equals_the_engine_kernel_and_ignores_masked_keys(window):
     """transformers-layout attention (exactspec.hf): a row's bits equal the engine kernel's for the
@@ -155,10 +164,7 @@ def test_masked_attention_equals_the_engine_kernel_and_ignores_masked_keys(windo
     q, k, v = torch.randn(T, Hq, D), torch.randn(T, Hkv, D), torch.randn(T, Hkv, D)
     kt, vc, table = _cache_with(k, v, 64, 0, 1)
     want = K.attention(q, kt, vc, table, torch.zeros(T, dtype=torch.long), torch.arange(T), 0.25, window)
-    i = torch.arange(T)
-    mask = i[None, :] <= i[:, None]
-    if window:
-        mask &= i[None, :] > i[:, None] - window
+    mask = _causal(T, window)
     hq, hk, hv = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     got = masked_attention(hq, hk, hv, mask[None].to(torch.uint8).numpy(), 0.25)[0]
     assert torch.equal(got, want)
@@ -189,10 +195,7 @@ def test_vector_attention_gives_the_bits_of_the_scalar_loops(D, kv, window):
     k, v = k.to(kv).float(), v.to(kv).float()  # the values a bfloat16 cache holds
     kt, vc, table = _cache_with(k, v, 80, 1, 2)
     got = K.attention(q, kt.to(kv), vc.to(kv), table, torch.ones(T, dtype=torch.long), torch.arange(T), 0.25, window)
-    i = torch.arange(T)
-    mask = i[None, :] <= i[:, None]
-    if window:
-        mask &= i[None, :] > i[:, None] - window
+    mask = _causal(T, window)
     hq, hk, hv = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     want = masked_attention(hq, hk, hv, mask[None].to(torch.uint8).numpy(), 0.25)[0]
     assert torch.equal(got, want)
