@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 
-from .expf import exp32
 from .attnvec import G, V, add_values, kv_vector_ok, score_blocks
+from .expf import _as_f32, _as_u32, exp32
 from .threads import SERIAL_WORK, TwoBuilds
 
 
@@ -24,6 +23,7 @@ from .threads import SERIAL_WORK, TwoBuilds
 # ---------------------------------------------------------------------------------------------
 
 BLOCK = 16  # positions per KV block: the unit of allocation (and of sharing a prompt prefix)
+assert BLOCK == V  # attnvec's score vector is one block's keys
 _ALL = np.empty(0, np.uint8)  # "no mask": every key in the range is attended
 
 
@@ -33,20 +33,6 @@ _ALL = np.empty(0, np.uint8)  # "no mask": every key in the range is attended
 # nearest, ties to even, as torch's .to(bfloat16)), so a position's stored keys are still a function
 # of its prefix alone; reading widens it exactly (the bits shifted into a float32's top half).
 # ---------------------------------------------------------------------------------------------
-
-@intrinsic
-def _as_f32(typingctx, bits):
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.FloatType())
-    return types.float32(types.uint32), codegen
-
-
-@intrinsic
-def _as_u32(typingctx, x):
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-    return types.uint32(types.float32), codegen
-
 
 def kv_load(x):
     """A stored key/value entry as float32 (the twin of the compiled overload below)."""

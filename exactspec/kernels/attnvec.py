@@ -6,7 +6,7 @@ loop, lane by lane). `add_values`: o[d] = o[d] + e[j] * v[j, d] for keys j ascen
 Each lane is one output's chain; up to G chains (blocks, or chunks of 16 of d) run side by side only so
 their adds' latencies overlap. Where fewer than G are left, the extra chains repeat the last one and
 store the same bits to the same place. So no value depends on the vector width, the chunking or how
-many chains run, and these give the bits of the scalar loops (tests/kernels/test_attention.py).
+many chains run, and these give the bits of the scalar loops (tests/kernels/test_kernels.py).
 Written in IR because numba cannot keep an accumulator of 16 lanes in a register across the loop
 over d (it reloads and stores the scores, whose memory may alias the keys'): 3-4x slower.
 """

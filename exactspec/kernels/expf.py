@@ -43,16 +43,25 @@ def fma32(typingctx, a, b, c):
 
 
 @intrinsic
-def _bits_f32(typingctx, bits):
+def _as_f32(typingctx, bits):
+    """The float32 whose bits are the uint32 `bits`."""
     def codegen(context, builder, sig, args):
         return builder.bitcast(args[0], ir.FloatType())
-    return types.float32(types.int32), codegen
+    return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def _as_u32(typingctx, x):
+    """The bits of the float32 x, as a uint32."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.uint32(types.float32), codegen
 
 
 @njit(inline="always")
 def _pow2(e):
     """2^e as float32, e an int32 in [-126, 127]."""
-    return _bits_f32((e + np.int32(127)) << np.int32(23))
+    return _as_f32(np.uint32((e + np.int32(127)) << np.int32(23)))
 
 
 @njit(inline="always")
