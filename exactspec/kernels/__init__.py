@@ -24,8 +24,9 @@ thread count or the CPU. How that is achieved:
   that apply it vectorize. (The one libm call left in the kernels: the log of log_softmax's sum, once
   per row; and cos/sin of the RoPE table, in float64, made once.) SVML is disabled in
   `exactspec/__init__.py` before numba is imported.
-* Everything except the linear kernel and exp32's polynomial (norms, attention, rope, softmax) uses
-  plain mul and add.
+* FMAs also in attention (scores and the weighted sum of values: one chain per output, the same for
+  every query count, kernels/attnvec.py and its scalar twin) and exp32's polynomial; norms, rope and
+  softmax use plain mul and add.
 
 Rooms: `quant` (each format's weight value), `layout` (the packed byte layout), `cpu` (what the
 target has: speed only), `tile` (the register tile in LLVM IR), `pack` (weights into that layout),

@@ -7,8 +7,8 @@ import torch
 from numba import njit, prange, types
 from numba.extending import overload
 
-from .attnvec import G, V, add_values, kv_vector_ok, score_blocks
-from .expf import _as_f32, _as_u32, exp32
+from .attnvec import QMAX, V, add_values, kv_vector_ok, score_blocks
+from .expf import _as_f32, _as_u32, exp32, fma32
 from .threads import SERIAL_WORK, TwoBuilds
 
 
@@ -18,8 +18,10 @@ from .threads import SERIAL_WORK, TwoBuilds
 # Row r (slot s, position p) attends to keys j in [max(0, p - window + 1), p]: the set and the
 # order depend on p alone, never on the cache length, the blocks' places in the pool or the other
 # rows. Scores are vectorized across the keys of a block (keys stored transposed, (D, BLOCK) per
-# block), each summed over d in order; softmax max is exact; exp sum and the weighted sum of values
-# run over j ascending. So the bits equal those of one contiguous (D, C) array (one block of C).
+# block), each one FMA chain over d in order (s = fma(q[d], k[d, j], s) from +0.0); softmax max is
+# exact; exp sum and the weighted sum of values (o[d] = fma(e_j, v[j, d], o[d])) run over j ascending.
+# So the bits equal those of one contiguous (D, C) array (one block of C). Which rows and heads share a
+# task (attention_tasks) is speed only: each output's chain is the same.
 # ---------------------------------------------------------------------------------------------
 
 BLOCK = 16  # positions per KV block: the unit of allocation (and of sharing a prompt prefix)
@@ -75,13 +77,11 @@ def as_numpy(t: torch.Tensor) -> np.ndarray:
 def _attend(qv, kk, vv, blocks, j0, n, mrow, scale, o):
     # One query row over logical keys j0 .. j0+n-1 stored in blocks: key j is at block blocks[j // B],
     # offset j % B, of kk (P, D, B) and vv (P, B, D). mrow (j0+n,) uint8 with 1 = attend, or empty
-    # = all. Scores summed over d in order, vectorized across a block's keys; exact max; exp, its
-    # sum and the weighted sum of values over keys ascending. Keys the mask excludes are scored but
+    # = all. Scores an FMA chain over d in order, vectorized across a block's keys; exact max; exp,
+    # its sum and the weighted sum of values (FMAs) over keys ascending. Keys the mask excludes are scored but
     # never enter the max, the sum or the output.
     B = kk.shape[2]
     every = mrow.shape[0] == 0
-    if B == BLOCK and every and qv.shape[0] % V == 0 and _vector_attend(qv, kk, vv, blocks, j0, n, scale, o):
-        return  # the same operations, as vector code (attnvec.py)
     sc = np.zeros(n, np.float32)
     for b in range(j0 // B, (j0 + n - 1) // B + 1):
         kb = kk[blocks[b]]
@@ -92,7 +92,7 @@ def _attend(qv, kk, vv, blocks, j0, n, mrow, scale, o):
                 qd = qv[d]
                 krow = kb[d]
                 for j in range(BLOCK):
-                    s[j] += qd * kv_load(krow[j])
+                    s[j] = fma32(qd, kv_load(krow[j]), s[j])
         else:  # the ends of the range (or one block of any size: the transformers layout)
             lo = max(j0, b * B)
             hi = min(j0 + n, (b + 1) * B)
@@ -100,7 +100,7 @@ def _attend(qv, kk, vv, blocks, j0, n, mrow, scale, o):
                 qd = qv[d]
                 krow = kb[d]
                 for j in range(lo, hi):
-                    sc[j - j0] += qd * kv_load(krow[j - b * B])
+                    sc[j - j0] = fma32(qd, kv_load(krow[j - b * B]), sc[j - j0])
     mx = np.float32(-np.inf)
     for j in range(n):
         sc[j] = sc[j] * scale
@@ -116,73 +116,132 @@ def _attend(qv, kk, vv, blocks, j0, n, mrow, scale, o):
                 l += e
                 vr = vb[j - b * B]
                 for d in range(o.shape[0]):
-                    o[d] += e * kv_load(vr[d])
+                    o[d] = fma32(e, kv_load(vr[d]), o[d])
     for d in range(o.shape[0]):
         o[d] = o[d] / l
 
 
 @njit(inline="always")
-def _attend_blocks(qv, kk, vv, blocks, j0, n, scale, o):
-    # _attend without a mask, on blocks of BLOCK keys: each block's 16 scores as one vector chain over d,
-    # then the same scale, exact max, exp and sums over keys ascending; values o[d] + e * v[j, d] in
-    # chunks of 16 d's. Every value as the scalar loops compute it (tests compare them bitwise).
-    first = j0 // BLOCK
-    nblk = (j0 + n - 1) // BLOCK - first + 1
-    sc = np.empty(nblk * BLOCK, np.float32)
-    for i in range(0, nblk, G):
-        score_blocks(qv, kk, blocks, first + i, nblk - i, sc[i * BLOCK:])
-    s = sc[j0 - first * BLOCK:]  # key j0's score first (loops from 0: no index wraparound, they vectorize)
+def _softmax_span(s, scale):
+    # s (n,) scores -> exp(s * scale - max) in place; returns their sum. Loops index from 0 (no index
+    # wraparound: they vectorize); exp32's bits do not depend on the lane.
+    n = s.shape[0]
     mx = np.float32(-np.inf)
     for j in range(n):
         v = s[j] * scale
         s[j] = v
         if v > mx:
             mx = v
-    for j in range(n):  # a map: vectorized (exp32's bits do not depend on the lane)
+    for j in range(n):
         s[j] = exp32(s[j] - mx)
     l = np.float32(0.0)
     for j in range(n):
         l += s[j]
-    o[:] = 0.0
-    add_values(o, s, vv, blocks, j0, j0 + n)
-    for d in range(o.shape[0]):
-        o[d] = o[d] / l
-
-
-def _vector_attend(qv, kk, vv, blocks, j0, n, scale, o) -> bool:
-    """_attend_blocks where the cache arrays are C-contiguous (else False: the scalar loops run)."""
-
-
-@overload(_vector_attend, inline="always")
-def _vector_attend_impl(qv, kk, vv, blocks, j0, n, scale, o):
-    if not (kv_vector_ok(kk) and kv_vector_ok(vv)):
-        return lambda qv, kk, vv, blocks, j0, n, scale, o: False
-
-    def run(qv, kk, vv, blocks, j0, n, scale, o):
-        _attend_blocks(qv, kk, vv, blocks, j0, n, scale, o)
-        return True
-    return run
+    return l
 
 
 @njit(inline="always")
-def _attend_task(t, q, kt, v, table, slot, pos, scale, window, out):
-    # Task t = (row r, query head h): row r at position p of slot s over its keys j0..p.
-    Hq = q.shape[1]
-    r = t // Hq
-    h = t % Hq
-    s = slot[r]
-    p = pos[r]
-    j0 = 0
-    if window > 0 and p - window + 1 > 0:
-        j0 = p - window + 1
-    g = h // (Hq // kt.shape[0])
-    _attend(q[r, h], kt[g], v[g], table[s], j0, p + 1 - j0, _ALL, scale, out[r, h])
+def _attend_group(qb, kk, vv, blocks, j0s, j1s, scale, ob):
+    # _attend without a mask for Q = qb.shape[0] <= QMAX queries of one sequence and one KV head: query i
+    # over keys j0s[i] .. j1s[i] - 1, on blocks of BLOCK keys. Each key block and value row is loaded once
+    # for all queries (attnvec.py); every value is computed as the scalar loops compute it (tests compare
+    # them bitwise): a block's 16 scores as one FMA chain over d per query, the same scale, exact max, exp
+    # and sums over keys ascending, values fma(e, v[j, d], o[d]) in chunks of 16 d's.
+    Q = qb.shape[0]
+    lo, hi = j0s.min(), j1s.max()
+    first = lo // BLOCK
+    nblk = (hi - 1) // BLOCK - first + 1
+    base = first * BLOCK  # the key of sc's column 0
+    sc = np.empty((Q, nblk * BLOCK), np.float32)
+    score_blocks(qb, kk, blocks, first, nblk, sc)  # keys outside a query's span are scored, never used
+    ls = np.empty(Q, np.float32)
+    for i in range(Q):
+        ls[i] = _softmax_span(sc[i, j0s[i] - base:j1s[i] - base], scale)
+    ob[:] = 0.0
+    s0, s1 = j0s.max(), j1s.min()  # the keys every query attends: one pass for all
+    if s0 >= s1:
+        s0 = s1 = hi
+    for i in range(Q):  # keys ascending per query: its own before the shared span, the shared, its own after
+        add_values(ob[i:i + 1], sc[i:i + 1], base, vv, blocks, j0s[i], min(s0, j1s[i]))
+    add_values(ob, sc, base, vv, blocks, s0, s1)
+    for i in range(Q):
+        add_values(ob[i:i + 1], sc[i:i + 1], base, vv, blocks, max(s1, j0s[i]), j1s[i])
+    for i in range(Q):
+        for d in range(ob.shape[1]):
+            ob[i, d] = ob[i, d] / ls[i]
+
+
+def _vector_group(kk, vv, D) -> bool:
+    """Can _attend_group run on these cache arrays (C-contiguous float32 or bfloat16, D a multiple of 16)?"""
+
+
+@overload(_vector_group, inline="always")
+def _vector_group_impl(kk, vv, D):
+    if not (kv_vector_ok(kk) and kv_vector_ok(vv)):
+        return lambda kk, vv, D: False
+    return lambda kk, vv, D: kk.shape[2] == BLOCK and D % V == 0
+
+
+@njit(inline="always")
+def attention_tasks(slot, pos, Hq, Hkv, split_heads):
+    """(T, 4) int64 tasks (first row, rows, first query head, heads): rows of one sequence at consecutive
+    positions and query heads of one KV head, at most QMAX queries a task, so each key block and value row is
+    read once for them all. split_heads: one query head a task (more tasks for the threads: a lone row)."""
+    R = slot.shape[0]
+    gs = Hq // Hkv
+    nh = 1 if split_heads else min(gs, QMAX)
+    nr = max(1, QMAX // nh)
+    starts = np.empty(R + 1, np.int64)
+    ng = 0
+    for r in range(R):
+        if r == 0 or slot[r] != slot[r - 1] or pos[r] != pos[r - 1] + 1 or r - starts[ng - 1] >= nr:
+            starts[ng] = r
+            ng += 1
+    starts[ng] = R
+    per = -(-gs // nh)
+    tasks = np.empty((ng * Hkv * per, 4), np.int64)
+    t = 0
+    for i in range(ng):
+        for h0 in range(0, Hq, nh):
+            hn = min(nh, (h0 // gs + 1) * gs - h0)
+            tasks[t, 0], tasks[t, 1], tasks[t, 2], tasks[t, 3] = starts[i], starts[i + 1] - starts[i], h0, hn
+            t += 1
+    return tasks[:t]
+
+
+@njit(inline="always")
+def _attend_task(task, q, kt, v, table, slot, pos, scale, window, out):
+    # A task of attention_tasks: rows r0 .. r0+nr-1 (one slot) x query heads h0 .. h0+nh-1 (one KV head g).
+    r0, nr, h0, nh = task[0], task[1], task[2], task[3]
+    Hq, D = q.shape[1], q.shape[2]
+    g = h0 // (Hq // kt.shape[0])
+    blocks = table[slot[r0]]
+    Q = nr * nh
+    j0s = np.empty(Q, np.int64)
+    j1s = np.empty(Q, np.int64)
+    for i in range(Q):
+        p = pos[r0 + i // nh]
+        j0s[i] = p - window + 1 if window > 0 and p - window + 1 > 0 else 0
+        j1s[i] = p + 1
+    if _vector_group(kt[g], v[g], D):
+        qb = np.empty((Q, D), np.float32)
+        ob = np.empty((Q, D), np.float32)
+        for i in range(Q):
+            qb[i] = q[r0 + i // nh, h0 + i % nh]
+        _attend_group(qb, kt[g], v[g], blocks, j0s, j1s, scale, ob)
+        for i in range(Q):
+            out[r0 + i // nh, h0 + i % nh] = ob[i]
+    else:
+        for i in range(Q):
+            _attend(q[r0 + i // nh, h0 + i % nh], kt[g], v[g], blocks, j0s[i], j1s[i] - j0s[i], _ALL, scale,
+                    out[r0 + i // nh, h0 + i % nh])
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def _attention(q, kt, v, table, slot, pos, scale, window, out):
-    for t in prange(q.shape[0] * q.shape[1]):
-        _attend_task(t, q, kt, v, table, slot, pos, scale, window, out)
+    tasks = attention_tasks(slot, pos, q.shape[1], kt.shape[0], q.shape[0] == 1)
+    for t in prange(tasks.shape[0]):
+        _attend_task(tasks[t], q, kt, v, table, slot, pos, scale, window, out)
     return out
 
 

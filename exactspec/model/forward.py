@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from ..kernels.attention import _attend_task
+from ..kernels.attention import _attend_task, attention_tasks
 from ..kernels.layout import LAYOUTS, NL, QK
 from ..kernels.actquant import act_buffers, acts
 from ..kernels.linear import ADD, STORE, SWIGLU, _linear_block
@@ -179,6 +179,7 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
     a3 = a.reshape((R, Hq, D))  # the same memory, per head
     act = np.empty((R, I), np.float32)
     ab = act_buffers(R, max(H, Hq * D, I))  # int8 rows for integer-dot layouts, reused by every linear
+    tasks = attention_tasks(slot, pos, Hq, Hkv, R == 1)
     for i in range(L):  # acts: each linear's input as its tile takes it (int8 rows for integer-dot layouts)
         _rmsnorm(x, attn_norm[i], eps, h)
         ha = acts(h, wqkv[0], ab)  # (wv, when apart, is quantized as wqkv is: the same rows serve)
@@ -190,8 +191,8 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
             for b in prange(_blocks_at(wv, i)):
                 _linear_at(ha, wv, i, bv[i], yv, b, STORE)
         _qkv_rope_cache(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos, sin, table, slot, pos, kc[i], vc[i], q)
-        for t in prange(R * Hq):
-            _attend_task(t, q, kc[i], vc[i], table, slot, pos, scale, window, a3)
+        for t in prange(tasks.shape[0]):
+            _attend_task(tasks[t], q, kc[i], vc[i], table, slot, pos, scale, window, a3)
         aa = acts(a, wo[0], ab)
         for b in prange(_blocks_at(wo, i)):
             _linear_at(aa, wo, i, bo[i], x, b, ADD)

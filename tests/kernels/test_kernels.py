@@ -183,23 +183,31 @@ def test_masked_attention_equals_the_engine_kernel_and_ignores_masked_keys(windo
 @pytest.mark.parametrize("D", [24, 32, 80])
 @pytest.mark.parametrize("kv", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [0, 5, 21])
-def test_vector_attention_gives_the_bits_of_the_scalar_loops(D, kv, window):
+@pytest.mark.parametrize("heads", [(4, 2), (5, 5), (7, 1)])
+def test_vector_attention_gives_the_bits_of_the_scalar_loops(D, kv, window, heads):
     """The engine kernel's vector code (kernels/attnvec.py: 16 keys of a block per vector, 4 chains side by
-    side, values in chunks of 16 d's) computes the scalar loops' operations lane by lane: the
-    transformers-layout kernel runs those loops (one block of any size, under a mask), and the two agree
-    bitwise for 1..5 blocks (a group of 4 and a lone one), partial first and last blocks (windows), 1..5
-    chunks of d (80), a bfloat16 cache, and D = 24 (no vector path)."""
+    side, values in chunks of 16 d's, up to 8 queries (rows x query heads of one KV head) sharing each
+    load) computes the scalar loops' operations lane by lane: the transformers-layout kernel runs those
+    loops (one block of any size, under a mask), and the two agree bitwise for 1..5 blocks, partial first
+    and last blocks (windows: queries of a task with different spans), 1..5 chunks of d (80), a bfloat16
+    cache, D = 24 (no vector path), 1..8 queries a task (heads 4/2: 2 a row, 5/5: 1, 7/1: 7); and a row's
+    bits do not depend on which rows share its call (how rows are grouped into tasks)."""
     torch.manual_seed(3)
-    T, Hq, Hkv = 75, 4, 2
+    T, (Hq, Hkv) = 75, heads
     q, k, v = torch.randn(T, Hq, D), torch.randn(T, Hkv, D), torch.randn(T, Hkv, D)
     k, v = k.to(kv).float(), v.to(kv).float()  # the values a bfloat16 cache holds
     kt, vc, table = _cache_with(k, v, 80, 1, 2)
-    got = K.attention(q, kt.to(kv), vc.to(kv), table, torch.ones(T, dtype=torch.long), torch.arange(T), 0.25, window)
+    kt, vc = kt.to(kv), vc.to(kv)
+    pos = torch.arange(T)
+    got = K.attention(q, kt, vc, table, torch.ones(T, dtype=torch.long), pos, 0.25, window)
     mask = _causal(T, window)
     hq, hk, hv = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     want = masked_attention(hq, hk, hv, mask[None].to(torch.uint8).numpy(), 0.25)[0]
     assert torch.equal(got, want)
     assert torch.allclose(got, K.attention_ref(q, k, v, 0.25, window), atol=1e-5)
+    for a, b in [(0, 1), (74, 75), (3, 6), (17, 30), (40, 49)]:  # other groupings (a lone row: a task per head)
+        part = K.attention(q[a:b], kt, vc, table, torch.ones(b - a, dtype=torch.long), pos[a:b], 0.25, window)
+        assert torch.equal(part, got[a:b])
 
 
 def test_rope_table_entries_do_not_depend_on_length():
