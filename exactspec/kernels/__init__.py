@@ -30,8 +30,9 @@ thread count or the CPU. How that is achieved:
 
 Rooms: `quant` (each format's weight value), `layout` (the packed byte layout), `cpu` (what the
 target has: speed only), `tile` (the register tile in LLVM IR), `pack` (weights into that layout),
-`linear`, `rows` (norms, SwiGLU, rotary, softmax), `attention` (its vector loops: `attnvec`), `expf`,
-`threads` (pool size, serial/parallel builds).
+`linear`, `actquant` (int8 activations; its vector loop: `actvec`), `itile` (the integer-dot tile),
+`rows` (norms, SwiGLU, rotary, softmax), `attention` (its vector loops: `attnvec`), `expf`, `threads`
+(pool size, serial/parallel builds).
 """
 from .attention import BLOCK, as_numpy, attention, attention_ref
 from .linear import ADD, STORE, SWIGLU, fma_ref, linear, linear_np, linear_ref

@@ -27,6 +27,7 @@ import torch
 from numba import njit, types
 from numba.extending import overload
 
+from .actvec import quantize_groups
 from .layout import LAYOUTS, QK
 
 
@@ -58,14 +59,25 @@ def _quantize_row(x, q, d, s):
 @njit(cache=True, nogil=True)
 def _quantize_rows(x, q, d, s):
     for m in range(x.shape[0]):
+        if x.strides[1] == 4 and q.strides[1] == 1 and d.strides[1] == 4 and s.strides[1] == 4:
+            quantize_groups(x[m], q[m], d[m], s[m])  # the same operations as vector code (actvec.py)
+        else:
+            _quantize_row(x[m], q[m], d[m], s[m])
+
+
+@njit(cache=True, nogil=True)
+def _quantize_rows_scalar(x, q, d, s):
+    """_quantize_rows by the scalar loops only (the vector code's twin, for tests)."""
+    for m in range(x.shape[0]):
         _quantize_row(x[m], q[m], d[m], s[m])
 
 
-def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x (M, K) float32, K a multiple of 32 -> (q (M, K) int8, d (M, K/32) float32, s (M, K/32) int32)."""
+def quantize_rows(x: np.ndarray, scalar: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x (M, K) float32, K a multiple of 32 -> (q (M, K) int8, d (M, K/32) float32, s (M, K/32) int32).
+    scalar: by the scalar loops (the twin of the vector code the kernels run)."""
     M, K = x.shape
     q, d, s = np.empty((M, K), np.int8), np.empty((M, K // QK), np.float32), np.empty((M, K // QK), np.int32)
-    _quantize_rows(np.ascontiguousarray(x, np.float32), q, d, s)
+    (_quantize_rows_scalar if scalar else _quantize_rows)(np.ascontiguousarray(x, np.float32), q, d, s)
     return q, d, s
 
 

@@ -50,6 +50,23 @@ def test_activation_quantizer_equals_its_twin_on_ties_zeros_and_extremes():
     assert 0 < d[3, 2] < np.finfo(np.float32).tiny and np.abs(q[3, 64:96]).max() == 127
 
 
+def test_vector_quantizer_gives_the_bits_of_the_scalar_loops():
+    """The kernels quantize by vector code (kernels/actvec.py): the same q, d and s bits as the scalar loops
+    (actquant._quantize_row) on ties, zeros, extremes, denormals, NaN and infinite blocks, huge values."""
+    x = _hard_rows(9, 256, 4)
+    x[4, :32] = float("nan")
+    x[4, 40] = float("inf")
+    x[5, 64] = -float("inf")
+    x[5, 96:128] = 3.4e38 * torch.sign(torch.randn(32))  # near the largest float: x / d still finite
+    x[6, :] = torch.randint(-127, 128, (256,)).float() / 127.0  # quotients on integers and halves
+    x[7, :] = -0.0
+    x[8, :] = torch.randn(256) * 1e-45  # the smallest denormals: d underflows to 0
+    for rows in (x, x[3:4], torch.randn(33, 576)):
+        v, sc = quantize_rows(rows.numpy()), quantize_rows(rows.numpy(), scalar=True)
+        assert np.array_equal(v[0], sc[0]) and np.array_equal(v[2], sc[2])
+        assert np.array_equal(v[1].view(np.uint32), sc[1].view(np.uint32))
+
+
 def test_a_block_that_is_not_finite_gives_nan_outputs_not_garbage():
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(3))
     x[0, 5] = float("nan")
