@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit, prange, types
+from numba import get_num_threads, njit, prange, types  # get_num_threads: Python side only
 from numba.extending import overload
 
 from .attnvec import QMAX, V, add_values, kv_vector_ok, score_blocks
@@ -183,13 +183,14 @@ def _vector_group_impl(kk, vv, D):
 
 
 @njit(inline="always")
-def attention_tasks(slot, pos, Hq, Hkv, split_heads):
+def attention_tasks(slot, pos, Hq, Hkv, threads):
     """(T, 4) int64 tasks (first row, rows, first query head, heads): rows of one sequence at consecutive
     positions and query heads of one KV head, at most QMAX queries a task, so each key block and value row is
-    read once for them all. split_heads: one query head a task (more tasks for the threads: a lone row)."""
+    read once for them all. One query head a task where that would leave threads idle (a lone row of a
+    model with few KV heads; threads: the pool's size). Speed only: no output depends on the tasks."""
     R = slot.shape[0]
     gs = Hq // Hkv
-    nh = 1 if split_heads else min(gs, QMAX)
+    nh = 1 if R * Hkv < threads else min(gs, QMAX)
     nr = max(1, QMAX // nh)
     starts = np.empty(R + 1, np.int64)
     ng = 0
@@ -238,8 +239,8 @@ def _attend_task(task, q, kt, v, table, slot, pos, scale, window, out):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _attention(q, kt, v, table, slot, pos, scale, window, out):
-    tasks = attention_tasks(slot, pos, q.shape[1], kt.shape[0], q.shape[0] == 1)
+def _attention(q, kt, v, table, slot, pos, scale, window, out, threads):
+    tasks = attention_tasks(slot, pos, q.shape[1], kt.shape[0], threads)
     for t in prange(tasks.shape[0]):
         _attend_task(tasks[t], q, kt, v, table, slot, pos, scale, window, out)
     return out
@@ -257,7 +258,7 @@ def attention(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, table: np.ndar
         R, Hq, D = q.shape
         work = R * Hq * D * (int(pos.max()) + 1) * 2
         _ATTENTION.run(work, SERIAL_WORK, q.contiguous().numpy(), as_numpy(kt), as_numpy(v), table, slot.numpy(),
-                       pos.numpy(), np.float32(scale), window, out.numpy())
+                       pos.numpy(), np.float32(scale), window, out.numpy(), get_num_threads())
     return out
 
 

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit, prange, types
+from numba import get_num_threads, njit, prange, types
 from numba.extending import overload
 
 from ..kernels.attention import _attend_task, attention_tasks
@@ -156,12 +156,13 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
     # top: embed, final norm, head; layers: the Stack's arrays (a leading layer axis each; each linear
     # kind as (a, alt, sel), see Stack); dims: heads, kv heads, head dim, I (the intermediate size: the
     # packed weights' shapes do not show it, a Q8_0 weight's second axis counts groups of 32), the
-    # outputs of wqkv (all of q, k, v unless v is apart: wv), eps, scale, window; cache: rope tables,
+    # outputs of wqkv (all of q, k, v unless v is apart: wv), eps, scale, window, threads (the pool's size:
+    # how attention's tasks are cut, speed only); cache: rope tables,
     # the block table (S, NB) and the paged K/V cache.
     tokens, slot, pos, out_rows, x_in = rows
     embed, norm, head = top
     attn_norm, wqkv, bqkv, wv, bv, q_norm, k_norm, wo, bo, mlp_norm, wgu, bgu, wdown, bdown = layers
-    Hq, Hkv, D, I, nqk, eps, scale, window = dims
+    Hq, Hkv, D, I, nqk, eps, scale, window, threads = dims
     cos, sin, table, kc, vc = cache
     R = tokens.shape[0]
     H = norm.shape[0]
@@ -179,7 +180,7 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
     a3 = a.reshape((R, Hq, D))  # the same memory, per head
     act = np.empty((R, I), np.float32)
     ab = act_buffers(R, max(H, Hq * D, I))  # int8 rows for integer-dot layouts, reused by every linear
-    tasks = attention_tasks(slot, pos, Hq, Hkv, R == 1)
+    tasks = attention_tasks(slot, pos, Hq, Hkv, threads)
     for i in range(L):  # acts: each linear's input as its tile takes it (int8 rows for integer-dot layouts)
         _rmsnorm(x, attn_norm[i], eps, h)
         ha = acts(h, wqkv[0], ab)  # (wv, when apart, is quantized as wqkv is: the same rows serve)
@@ -343,6 +344,7 @@ def forward(st: Stack, tokens: np.ndarray, embed: np.ndarray, slot: np.ndarray, 
     H = norm.shape[0]
     x_in = np.empty((0, H), np.float32) if x_in is None else x_in
     hidden = np.empty((0, H), np.float32) if hidden is None else hidden
-    dims = (Hq, Hkv, D, st.shapes["w_down"][1], st.shapes["wqkv"][0], np.float32(eps), np.float32(scale), window)
+    dims = (Hq, Hkv, D, st.shapes["w_down"][1], st.shapes["wqkv"][0], np.float32(eps), np.float32(scale), window,
+            get_num_threads())
     return _FORWARD.run(tokens.shape[0] * (st.work + head.n * head.k), SERIAL_FORWARD, (tokens, slot, pos, out_rows, x_in),
                         (embed, norm, head.data), st.layers, dims, (cos, sin, table, kc, vc), logits, hidden)
