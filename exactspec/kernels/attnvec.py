@@ -85,6 +85,13 @@ def _per_q(builder, Q, body) -> None:
     builder.position_at_end(end)
 
 
+def _chains(builder, i0, count, g: int) -> list:
+    """The g chains from i0: i0 + i, or count - 1 where that is past the end (an extra chain repeats the last)."""
+    last = builder.sub(count, _c(1))
+    return [builder.select(builder.icmp_signed("<", builder.add(i0, _c(i)), count), builder.add(i0, _c(i)), last)
+            for i in range(g)]
+
+
 def score_chains(n: int) -> int:
     """Blocks side by side for n queries: n * blocks chains, at most G blocks (12 accumulators or fewer)."""
     return max(1, min(G, 12 // n))
@@ -116,9 +123,7 @@ def score_blocks(typingctx, q, kk, blocks, b0, nb, out):
         def body(n):
             Gb = score_chains(n)
             with cgutils.for_range_slice(builder, _c(0), nbv, _c(Gb)) as (i0, _):
-                last = builder.sub(nbv, _c(1))
-                slots = [builder.select(builder.icmp_signed("<", builder.add(i0, _c(i)), nbv), builder.add(i0, _c(i)), last)
-                         for i in range(Gb)]
+                slots = _chains(builder, i0, nbv, Gb)
                 kp = [_at(builder, ka.data, builder.mul(_block(builder, ba, bs, builder.add(b0v, s)), ks0)) for s in slots]
                 acc = [[cgutils.alloca_once_value(builder, ir.Constant(_VF, None)) for _ in range(Gb)] for _ in range(n)]
                 with cgutils.for_range(builder, D) as loop:
@@ -162,9 +167,7 @@ def add_values(typingctx, o, e, ebase, vv, blocks, j0, j1):
         def body(n):
             Gc = value_chains(n)
             with cgutils.for_range_slice(builder, _c(0), chunks, _c(Gc)) as (c0, _):
-                last = builder.sub(chunks, _c(1))
-                cs = [builder.select(builder.icmp_signed("<", builder.add(c0, _c(i)), chunks), builder.add(c0, _c(i)), last)
-                      for i in range(Gc)]
+                cs = _chains(builder, c0, chunks, Gc)
                 op = [[builder.bitcast(_at(builder, oa.data, builder.add(builder.mul(_c(r), os0),
                                                                         builder.mul(builder.mul(c, _c(V)), os1))), _VF.as_pointer())
                        for c in cs] for r in range(n)]
