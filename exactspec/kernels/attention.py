@@ -203,11 +203,12 @@ def attention_tasks(slot, pos, Hq, Hkv, threads):
     tasks = np.empty((ng * Hkv * per, 4), np.int64)
     t = 0
     for i in range(ng):
-        for h0 in range(0, Hq, nh):
-            hn = min(nh, (h0 // gs + 1) * gs - h0)
-            tasks[t, 0], tasks[t, 1], tasks[t, 2], tasks[t, 3] = starts[i], starts[i + 1] - starts[i], h0, hn
-            t += 1
-    return tasks[:t]
+        for g in range(Hkv):
+            for h in range(0, gs, nh):  # a KV head's query heads, nh at a time (the last chunk may be short)
+                tasks[t, 0], tasks[t, 1] = starts[i], starts[i + 1] - starts[i]
+                tasks[t, 2], tasks[t, 3] = g * gs + h, min(nh, gs - h)
+                t += 1
+    return tasks
 
 
 @njit(inline="always")

@@ -183,14 +183,15 @@ def test_masked_attention_equals_the_engine_kernel_and_ignores_masked_keys(windo
 @pytest.mark.parametrize("D", [24, 32, 80])
 @pytest.mark.parametrize("kv", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [0, 5, 21])
-@pytest.mark.parametrize("heads", [(4, 2), (5, 5), (7, 1)])
+@pytest.mark.parametrize("heads", [(4, 2), (5, 5), (7, 1), (24, 2)])
 def test_vector_attention_gives_the_bits_of_the_scalar_loops(D, kv, window, heads):
     """The engine kernel's vector code (kernels/attnvec.py: 16 keys of a block per vector, 4 chains side by
     side, values in chunks of 16 d's, up to 8 queries (rows x query heads of one KV head) sharing each
     load) computes the scalar loops' operations lane by lane: the transformers-layout kernel runs those
     loops (one block of any size, under a mask), and the two agree bitwise for 1..5 blocks, partial first
     and last blocks (windows: queries of a task with different spans), 1..5 chunks of d (80), a bfloat16
-    cache, D = 24 (no vector path), 1..8 queries a task (heads 4/2: 2 a row, 5/5: 1, 7/1: 7); and a row's
+    cache, D = 24 (no vector path), 1..8 queries a task (heads 4/2: 2 a row, 5/5: 1, 7/1: 7, 24/2: 8 then
+    4); and a row's
     bits do not depend on which rows share its call (how rows are grouped into tasks)."""
     torch.manual_seed(3)
     T, (Hq, Hkv) = 75, heads
