@@ -162,10 +162,10 @@ def _attend_group(qb, kk, vv, blocks, j0s, j1s, scale, ob):
     if s0 >= s1:
         s0 = s1 = hi
     for i in range(Q):  # keys ascending per query: its own before the shared span, the shared, its own after
-        add_values(ob[i:i + 1], sc[i:i + 1], base, vv, blocks, j0s[i], min(s0, j1s[i]))
+        add_values(ob[i], sc[i], base, vv, blocks, j0s[i], min(s0, j1s[i]))
     add_values(ob, sc, base, vv, blocks, s0, s1)
     for i in range(Q):
-        add_values(ob[i:i + 1], sc[i:i + 1], base, vv, blocks, max(s1, j0s[i]), j1s[i])
+        add_values(ob[i], sc[i], base, vv, blocks, max(s1, j0s[i]), j1s[i])
     for i in range(Q):
         for d in range(ob.shape[1]):
             ob[i, d] = ob[i, d] / ls[i]

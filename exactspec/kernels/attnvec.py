@@ -149,7 +149,7 @@ def add_values(typingctx, o, e, ebase, vv, blocks, j0, j1):
     """o[i, d] = o[i, d] + e[i, j - ebase] * (value d of key j) for keys j = j0 .. j1 - 1 ascending and
     queries i < Q <= QMAX (key j: row j % 16 of block blocks[j // 16] of vv (P, 16, D) float32 or uint16,
     C-contiguous); o (Q, D) float32, D a multiple of 16, e (Q, W) float32 (rows contiguous). Each value
-    row is loaded once for all Q queries."""
+    row is loaded once for all Q queries. One query: o (D,), e (W,) (its code alone, no switch)."""
     if not kv_vector_ok(vv):
         return None
     sig = types.void(o, e, ebase, vv, blocks, j0, j1)
@@ -158,8 +158,14 @@ def add_values(typingctx, o, e, ebase, vv, blocks, j0, j1):
 
     def codegen(context, builder, signature, args):
         ov, ev, ebv, vv_, bv, j0v, j1v = args
-        oa, (Q, D), (os0, os1) = _array(context, builder, signature.args[0], ov)
-        ea, _, (es0, es1) = _array(context, builder, signature.args[1], ev)
+        one = signature.args[0].ndim == 1
+        if one:
+            oa, (D,), (os1,) = _array(context, builder, signature.args[0], ov)
+            ea, _, (es1,) = _array(context, builder, signature.args[1], ev)
+            Q, os0, es0 = _c(1), _c(0), _c(0)
+        else:
+            oa, (Q, D), (os0, os1) = _array(context, builder, signature.args[0], ov)
+            ea, _, (es0, es1) = _array(context, builder, signature.args[1], ev)
         va, _, (vs0, vs1, _) = _array(context, builder, signature.args[3], vv_)
         ba, _, (bs,) = _array(context, builder, signature.args[4], bv)
         chunks = builder.udiv(D, _c(V))
@@ -189,6 +195,9 @@ def add_values(typingctx, o, e, ebase, vv, blocks, j0, j1):
                 for r in range(n):
                     for a, p in zip(acc[r], op[r]):
                         builder.store(builder.load(a), p, align=4)
-        _per_q(builder, Q, body)
+        if one:
+            body(1)
+        else:
+            _per_q(builder, Q, body)
         return context.get_dummy_value()
     return sig, codegen
