@@ -33,7 +33,7 @@ def _fn(builder, name, ret, args):
     return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
 
 
-def contiguous_ok(x, q, d, s) -> bool:
+def _types_ok(x, q, d, s) -> bool:
     """Can quantize_groups take these numba array types (1-D; run time: unit strides, checked by the caller)?"""
     return all(isinstance(a, types.Array) and a.ndim == 1 for a in (x, q, d, s)) and (
         x.dtype, q.dtype, d.dtype, s.dtype) == (types.float32, types.int8, types.float32, types.int32)
@@ -42,7 +42,7 @@ def contiguous_ok(x, q, d, s) -> bool:
 @intrinsic
 def quantize_groups(typingctx, x, q, d, s):
     """x (K,) float32 -> q (K,) int8, d (K/32,) float32, s (K/32,) int32, each with unit strides."""
-    if not contiguous_ok(x, q, d, s):
+    if not _types_ok(x, q, d, s):
         return None
     sig = types.void(x, q, d, s)
 

@@ -53,15 +53,16 @@ def test_activation_quantizer_equals_its_twin_on_ties_zeros_and_extremes():
 def test_vector_quantizer_gives_the_bits_of_the_scalar_loops():
     """The kernels quantize by vector code (kernels/actvec.py): the same q, d and s bits as the scalar loops
     (actquant._quantize_row) on ties, zeros, extremes, denormals, NaN and infinite blocks, huge values."""
+    g = torch.Generator().manual_seed(4)
     x = _hard_rows(9, 256, 4)
     x[4, :32] = float("nan")
     x[4, 40] = float("inf")
     x[5, 64] = -float("inf")
-    x[5, 96:128] = 3.4e38 * torch.sign(torch.randn(32))  # near the largest float: x / d still finite
-    x[6, :] = torch.randint(-127, 128, (256,)).float() / 127.0  # quotients on integers and halves
+    x[5, 96:128] = 3.4e38 * torch.sign(torch.randn(32, generator=g))  # near the largest float: x / d still finite
+    x[6, :] = torch.randint(-127, 128, (256,), generator=g).float() / 127.0  # quotients on integers and halves
     x[7, :] = -0.0
-    x[8, :] = torch.randn(256) * 1e-45  # the smallest denormals: d underflows to 0
-    for rows in (x, x[3:4], torch.randn(33, 576)):
+    x[8, :] = torch.randn(256, generator=g) * 1e-45  # the smallest denormals: d underflows to 0
+    for rows in (x, x[3:4], torch.randn(33, 576, generator=g)):
         v, sc = quantize_rows(rows.numpy()), quantize_rows(rows.numpy(), scalar=True)
         assert np.array_equal(v[0], sc[0]) and np.array_equal(v[2], sc[2])
         assert np.array_equal(v[1].view(np.uint32), sc[1].view(np.uint32))
