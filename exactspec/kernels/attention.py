@@ -19,13 +19,15 @@ from .threads import SERIAL_WORK, TwoBuilds
 # order depend on p alone, never on the cache length, the blocks' places in the pool or the other
 # rows. Scores are vectorized across the keys of a block (keys stored transposed, (D, BLOCK) per
 # block), each one FMA chain over d in order (s = fma(q[d], k[d, j], s) from +0.0); softmax max is
-# exact; exp sum and the weighted sum of values (o[d] = fma(e_j, v[j, d], o[d])) run over j ascending.
+# exact (-0 taken as +0); the exp sum is 16 partial sums, key j in lane j % 16 ascending, folded by a
+# fixed tree; the weighted sum of values (o[d] = fma(e_j, v[j, d], o[d])) runs over j ascending.
 # So the bits equal those of one contiguous (D, C) array (one block of C). Which rows and heads share a
 # task (attention_tasks) is speed only: each output's chain is the same.
 # ---------------------------------------------------------------------------------------------
 
 BLOCK = 16  # positions per KV block: the unit of allocation (and of sharing a prompt prefix)
 assert BLOCK == V  # attnvec's score vector is one block's keys
+LANES = 16  # the sum of exps: 16 partial sums by key (j % LANES), then a fixed tree (_fold)
 _ALL = np.empty(0, np.uint8)  # "no mask": every key in the range is attended
 
 
@@ -106,38 +108,66 @@ def _attend(qv, kk, vv, blocks, j0, n, mrow, scale, o):
         sc[j] = sc[j] * scale
         if (every or mrow[j0 + j] != 0) and sc[j] > mx:
             mx = sc[j]
+    mx = mx + np.float32(0.0)  # -0 -> +0: the max of a set, whichever of +-0 came first
     o[:] = 0.0
-    l = np.float32(0.0)
+    lanes = np.zeros(LANES, np.float32)  # the sum of exps: lane j % LANES of key j (_lane_sum)
     for b in range(j0 // B, (j0 + n - 1) // B + 1):
         vb = vv[blocks[b]]
         for j in range(max(j0, b * B), min(j0 + n, (b + 1) * B)):
             if every or mrow[j] != 0:
                 e = exp32(sc[j - j0] - mx)
-                l += e
+                lanes[j % LANES] += e
                 vr = vb[j - b * B]
                 for d in range(o.shape[0]):
                     o[d] = fma32(e, kv_load(vr[d]), o[d])
+    l = _fold(lanes)
     for d in range(o.shape[0]):
         o[d] = o[d] / l
 
 
 @njit(inline="always")
-def _softmax_span(s, scale):
-    # s (n,) scores -> exp(s * scale - max) in place; returns their sum. Loops index from 0 (no index
-    # wraparound: they vectorize); exp32's bits do not depend on the lane.
-    n = s.shape[0]
+def _fold(lanes):
+    # lanes[0] + ... + lanes[LANES - 1] as a fixed tree: halves added lane-wise (8, 4, 2, 1 apart)
+    h = LANES // 2
+    while h:
+        for i in range(h):
+            lanes[i] = lanes[i] + lanes[i + h]
+        h //= 2
+    return lanes[0]
+
+
+@njit(inline="always")
+def _softmax_span(s, j0, j1, scale, lanes):
+    # s: a row of scores whose column c is key c + (a multiple of LANES), keys j0 .. j1 - 1 the span (as
+    # columns) -> exp(s * scale - max) in place over the span, 0 in the rest of its LANES-aligned chunks;
+    # returns the sum of exps: lane c % LANES of each key, ascending, then _fold; `_attend`'s bits. The
+    # lanes are kept in `lanes` (LANES,) so both loops run over whole chunks (vectorized, no serial chain).
+    a0, a1 = j0 - j0 % LANES, j1 + (-j1) % LANES
+    for c in range(a0, j0):
+        s[c] = -np.inf
+    for c in range(j1, a1):
+        s[c] = -np.inf
+    for c in range(a0, a1):
+        s[c] = s[c] * scale
+    lanes[:] = -np.inf
+    for c in range(a0, a1, LANES):  # (a loop that also stored s would not vectorize)
+        for i in range(LANES):
+            lanes[i] = s[c + i] if s[c + i] > lanes[i] else lanes[i]
     mx = np.float32(-np.inf)
-    for j in range(n):
-        v = s[j] * scale
-        s[j] = v
-        if v > mx:
-            mx = v
-    for j in range(n):
-        s[j] = exp32(s[j] - mx)
-    l = np.float32(0.0)
-    for j in range(n):
-        l += s[j]
-    return l
+    for i in range(LANES):  # the max of a set: any order (NaNs never win a comparison)
+        mx = lanes[i] if lanes[i] > mx else mx
+    mx = mx + np.float32(0.0)
+    for c in range(a0, a1):
+        s[c] = exp32(s[c] - mx)
+    for c in range(a0, j0):
+        s[c] = 0.0
+    for c in range(j1, a1):
+        s[c] = 0.0
+    lanes[:] = 0.0
+    for c in range(a0, a1, LANES):
+        for i in range(LANES):
+            lanes[i] += s[c + i]
+    return _fold(lanes)
 
 
 @njit(inline="always")
@@ -154,9 +184,9 @@ def _attend_group(qb, kk, vv, blocks, j0s, j1s, scale, ob):
     base = first * BLOCK  # the key of sc's column 0
     sc = np.empty((Q, nblk * BLOCK), np.float32)
     score_blocks(qb, kk, blocks, first, nblk, sc)  # keys outside a query's span are scored, never used
-    ls = np.empty(Q, np.float32)
+    ls = np.empty(Q + LANES, np.float32)  # the queries' sums, then room for _softmax_span's lanes
     for i in range(Q):
-        ls[i] = _softmax_span(sc[i, j0s[i] - base:j1s[i] - base], scale)
+        ls[i] = _softmax_span(sc[i], j0s[i] - base, j1s[i] - base, scale, ls[Q:])
     ob[:] = 0.0
     s0, s1 = j0s.max(), j1s.min()  # the keys every query attends: one pass for all
     if s0 >= s1:

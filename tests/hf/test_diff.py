@@ -142,6 +142,7 @@ def test_cli_prints_a_json_report(ckpt, capsys):
 ])
 def test_cli_errors_are_one_line(ckpt, capsys, args, message):
     base = ["diff", "--model", str(ckpt("llama"))]
+    capsys.readouterr()  # making the checkpoint (on its first use) prints transformers' progress bar
     assert main(base + args) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
