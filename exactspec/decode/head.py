@@ -254,6 +254,7 @@ class HeadDrafter(Drafter):
             probe = HeadDrafter(self.head, target)  # its own cache: this drafter's slots stay as they are
             probe.begin(1, 64)
             probe.observe(0, 0, np.zeros((40, self.H), np.float32))
+            probe.propose([0], [[1] * 41], [1], [SamplingParams()])  # the 39 entries before the timed one
 
             def step() -> None:  # one draft token after the last true state
                 probe.fed[0] = 39

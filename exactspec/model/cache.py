@@ -70,6 +70,18 @@ class KVCache:
                 if self.table[s, b] < 0:
                     self.table[s, b] = self._take()
 
+    def check_held(self, slot: np.ndarray, pos: np.ndarray) -> None:
+        """Every block before each (slot, position) row's is held (its keys were written): the attention
+        reads keys 0..p through the table, so a row after positions never fed would read outside the pool."""
+        if slot.shape[0] == 1:  # a lone row (decoding one sequence): no grouping
+            if (self.table[slot[0], : pos[0] // BLOCK] < 0).any():
+                raise IndexError(f"forward: slot {slot[0]} at position {pos[0]} before its earlier positions were written")
+            return
+        for s in np.unique(slot):
+            p = int(pos[slot == s].max())
+            if (self.table[s, : p // BLOCK] < 0).any():
+                raise IndexError(f"forward: slot {s} at position {p} before its earlier positions were written")
+
     def _take(self) -> int:
         """The lowest free block, held once; zeroed the first time it is handed out. The attention reads a
         block's 16 keys as one vector, also the positions not written yet (their scores are never

@@ -177,6 +177,7 @@ class Transformer:
         t, s, p = tokens.numpy(), slot.numpy(), pos.numpy()
         self._check(t, p, s, cache)
         cache.reserve(s, p)
+        cache.check_held(s, p)
         c = self.cfg
         rows = np.arange(t.shape[0]) if out_rows is None else out_rows.numpy()
         logits = F.forward(self.stack, t, self._embed_np, s, p, rows, self.norm, self.lm_head, c.n_heads,

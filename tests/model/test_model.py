@@ -57,6 +57,20 @@ def _chunks(n, size, first=1):
     return out
 
 
+def test_a_row_after_positions_never_written_is_refused(ckpt):
+    """The attention reads keys 0..p through the block table: a row whose earlier blocks were never given
+    a place (its positions never fed) would read outside the pool (a segfault in a thread: the cost probe
+    of decode/cost.py did this until 2026-12-05). A named error instead, and nothing written."""
+    net = exactspec.load(ckpt("llama")).net
+    cache = net.new_cache(2, 200)
+    with pytest.raises(IndexError, match="slot 1 at position 40 before its earlier positions were written"):
+        net.forward(torch.tensor([1]), torch.tensor([1]), torch.tensor([40]), cache)
+    with pytest.raises(IndexError, match="slot 0 at position 35"):  # two rows of a verify chunk
+        net.forward(torch.tensor([1, 2]), torch.tensor([0, 0]), torch.tensor([34, 35]), cache)
+    net.forward(torch.tensor([1, 2]), torch.tensor([0, 0]), torch.tensor([0, 1]), cache)  # fed in order: fine
+    net.forward(torch.tensor([3] * 16), torch.zeros(16, dtype=torch.long), torch.arange(2, 18), cache)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_invariance_matrix(ckpt, arch, dtype):
