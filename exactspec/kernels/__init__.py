@@ -26,7 +26,8 @@ thread count or the CPU. How that is achieved:
   `exactspec/__init__.py` before numba is imported.
 * FMAs also in attention (scores and the weighted sum of values: one chain per output, the same for
   every query count, kernels/attnvec.py and its scalar twin) and exp32's polynomial; norms, rope and
-  softmax use plain mul and add.
+  softmax use plain mul and add. Attention's sum of exps: 16 partial sums by key (j % 16) and a fixed
+  tree (attention._fold), in both paths.
 
 Rooms: `quant` (each format's weight value), `layout` (the packed byte layout), `cpu` (what the
 target has: speed only), `tile` (the register tile in LLVM IR), `pack` (weights into that layout),
