@@ -142,31 +142,28 @@ def _softmax_span(s, j0, j1, scale, lanes):
     # columns) -> exp(s * scale - max) in place over the span, 0 in the rest of its LANES-aligned chunks;
     # returns the sum of exps: lane c % LANES of each key, ascending, then _fold; `_attend`'s bits. The
     # lanes are kept in `lanes` (LANES,) so both loops run over whole chunks (vectorized, no serial chain).
-    a0, a1 = j0 - j0 % LANES, j1 + (-j1) % LANES
-    for c in range(a0, j0):
-        s[c] = -np.inf
-    for c in range(j1, a1):
-        s[c] = -np.inf
-    for c in range(a0, a1):
-        s[c] = s[c] * scale
+    # Loops index w from 0 (numba's negative-index wraparound would keep loops from a run-time start scalar).
+    a0 = j0 - j0 % LANES
+    w = s[a0:j1 + (-j1) % LANES]  # whole chunks: w[c] is in lane c % LANES
+    n, lo, hi = w.shape[0], j0 - a0, j1 - a0
+    for c in range(n):
+        w[c] = w[c] * scale if lo <= c < hi else -np.inf
     lanes[:] = -np.inf
-    for c in range(a0, a1, LANES):  # (a loop that also stored s would not vectorize)
+    for b in range(n // LANES):  # (a loop that also stored w would not vectorize)
         for i in range(LANES):
-            lanes[i] = s[c + i] if s[c + i] > lanes[i] else lanes[i]
+            v = w[b * LANES + i]
+            lanes[i] = v if v > lanes[i] else lanes[i]
     mx = np.float32(-np.inf)
     for i in range(LANES):  # the max of a set: any order (NaNs never win a comparison)
         mx = lanes[i] if lanes[i] > mx else mx
     mx = mx + np.float32(0.0)
-    for c in range(a0, a1):
-        s[c] = exp32(s[c] - mx)
-    for c in range(a0, j0):
-        s[c] = 0.0
-    for c in range(j1, a1):
-        s[c] = 0.0
+    for c in range(n):
+        e = exp32(w[c] - mx)
+        w[c] = e if lo <= c < hi else np.float32(0.0)
     lanes[:] = 0.0
-    for c in range(a0, a1, LANES):
+    for b in range(n // LANES):
         for i in range(LANES):
-            lanes[i] += s[c + i]
+            lanes[i] += w[b * LANES + i]
     return _fold(lanes)
 
 
