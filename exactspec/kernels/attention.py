@@ -110,7 +110,7 @@ def _attend(qv, kk, vv, blocks, j0, n, mrow, scale, o):
             mx = sc[j]
     mx = mx + np.float32(0.0)  # -0 -> +0: the max of a set, whichever of +-0 came first
     o[:] = 0.0
-    lanes = np.zeros(LANES, np.float32)  # the sum of exps: lane j % LANES of key j (_lane_sum)
+    lanes = np.zeros(LANES, np.float32)  # the sum of exps: lane j % LANES of key j, then _fold
     for b in range(j0 // B, (j0 + n - 1) // B + 1):
         vb = vv[blocks[b]]
         for j in range(max(j0, b * B), min(j0 + n, (b + 1) * B)):
