@@ -38,10 +38,7 @@ def smollm2() -> Path:
 
 
 def pytest_collection_modifyitems(items):
-    """Tests that need the SmolLM2 wheel (a fetch, then a 135M model) are slow. The cross-CPU file goes
-    first: its compiles for other targets (minutes, single-threaded subprocesses) then overlap the rest
-    of the suite on the other xdist worker instead of ending it alone."""
+    """Tests that need the SmolLM2 wheel (a fetch, then a 135M model) are slow."""
     for item in items:
         if "smollm2" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: item.path.name != "test_cross_cpu.py")  # stable: the rest keep their order

@@ -3,6 +3,7 @@ model, 1 thread each, answers every request exactly as one plain server does (te
 token logprobs to the bit; streaming and not), and keeps doing so when a replica is killed mid-run
 (the client retries; Serve replaces the replica)."""
 import concurrent.futures as cf
+import os
 import time
 
 import httpx
@@ -66,6 +67,11 @@ def plain(folder):
 
 @pytest.fixture(scope="module")
 def cluster(folder):
+    # Serve's controller kills an HTTP proxy that is not ready in 5 s (then serve.start fails): on two busy
+    # cores (the other xdist worker compiling) a new proxy process can take longer than that to start.
+    # Inherited by the processes ray.init starts.
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+    os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
              namespace="exactspec-test")
     port = free_port()
