@@ -45,24 +45,13 @@ def _fastest(net: Transformer, cache, rows: Rows) -> float:
 def _seconds(net: Transformer, n: int, at: int = 32) -> float:
     """A forward of n rows of one sequence at positions at.. (their attention reads at + 1.. keys)."""
     cache = net.new_cache(1, at + n)
-    keys = Rows()
-    keys.add(0, [1] * at, 0)  # the keys before them, written once (a forward reads only written blocks)
-    keys.forward(net, cache)
+    if at:
+        keys = Rows()
+        keys.add(0, [1] * at, 0)  # the keys before them, written once (a forward reads only written blocks)
+        keys.forward(net, cache)
     rows = Rows()
     rows.add(0, [1] * n, at, logits_from=0)
     return _fastest(net, cache, rows)
-
-
-def _row_at(net: Transformer, pos: int) -> float:
-    """A forward of one row at `pos` (its attention reads pos + 1 keys)."""
-    cache = net.new_cache(1, pos + 1)
-    if pos:
-        keys = Rows()
-        keys.add(0, [1] * pos, 0)  # the keys before it, written once
-        keys.forward(net, cache)
-    one = Rows()
-    one.add(0, [1], pos)
-    return _fastest(net, cache, one)
 
 
 def attention_cost(net: Transformer) -> float:
@@ -71,7 +60,7 @@ def attention_cost(net: Transformer) -> float:
     if net not in _ATTENTION:
         far = min(512, net.max_context - 1)
         near = min(32, far // 2)
-        t_far, t_near = _row_at(net, far), _row_at(net, near)
+        t_far, t_near = _seconds(net, 1, far), _seconds(net, 1, near)
         _ATTENTION[net] = max(t_far - t_near, 0.0) / max(far - near, 1) / t_near
     return _ATTENTION[net]
 

@@ -74,11 +74,10 @@ class KVCache:
         """Every block before each (slot, position) row's is held (its keys were written): the attention
         reads keys 0..p through the table, so a row after positions never fed would read outside the pool."""
         if slot.shape[0] == 1:  # a lone row (decoding one sequence): no grouping
-            if (self.table[slot[0], : pos[0] // BLOCK] < 0).any():
-                raise IndexError(f"forward: slot {slot[0]} at position {pos[0]} before its earlier positions were written")
-            return
-        for s in np.unique(slot):
-            p = int(pos[slot == s].max())
+            last = [(int(slot[0]), int(pos[0]))]
+        else:
+            last = [(int(s), int(pos[slot == s].max())) for s in np.unique(slot)]
+        for s, p in last:
             if (self.table[s, : p // BLOCK] < 0).any():
                 raise IndexError(f"forward: slot {s} at position {p} before its earlier positions were written")
 
