@@ -30,7 +30,7 @@ from .api import GenerationResult, Model, load  # noqa: E402
 from .errors import (CheckpointError, ContextLengthError, ExactSpecError, GenerationError,  # noqa: E402
                      InvalidArgumentError, InvalidRequest, UnsupportedModelError, WeightError)
 from .kernels import set_num_threads  # noqa: E402
-from .decode.loop import BatchStats, Stats  # noqa: E402
+from .decode.stats import BatchStats, Stats  # noqa: E402
 from .decode.request import Request, make_request  # noqa: E402
 from .decode.sampling import SamplingParams  # noqa: E402
 

@@ -17,7 +17,8 @@ import torch
 
 from .decode.drafters import DraftModelDrafter, Drafter, LookupDrafter, MixDrafter, NgramPool, PoolDrafter
 from .decode.head import Head, HeadDrafter, load_head, shipped_head
-from .decode.loop import BatchStats, Stats, run_batch
+from .decode.loop import run_batch
+from .decode.stats import BatchStats, Stats
 from .decode.request import Limits, Request, check_prompt, make_request
 from .decode.sampling import SamplingParams, TokenLogprob, token_logprobs
 from .errors import CheckpointError, GenerationError, InvalidRequest, UnsupportedModelError

@@ -8,6 +8,8 @@ Protocol (knows only token ids and slots):
                                            states of positions start, start + 1, ... of the slot's
                                            sequence, from the forward that verified them
   alternatives(slot) -> runners-up for the first token of the slot's last draft (tree verification)
+  evidence(slot) -> the length of the match a lookup's last draft for the slot copied (None: not a
+                                           lookup's); with num_draft_tokens="auto" the loop prices it
 A drafter may return fewer tokens than asked (the lookup found nothing; low confidence; the
 sequence outgrew a draft model's context). What was accepted it learns from the next `seqs`.
 """
@@ -20,10 +22,11 @@ import numpy as np
 from .. import kernels as K
 from ..errors import InvalidRequest
 from ..model.transformer import Rows, Transformer
-from .cost import Acceptance, one_row_seconds, tokens_per_time, verify_costs
+from .cost import PAUSE_MAX, Acceptance, ByEvidence, one_row_seconds, tokens_per_time, verify_costs
 from .sampling import SamplingParams, pick
 
 
+EXTEND = 16  # how far back a lookup follows a match (past that, the evidence classes of cost.py are one)
 NAMED = ("lookup", "pool", "head")  # drafters chosen by name (draft="lookup"); "head:PATH" too; else a draft model
 
 
@@ -37,6 +40,9 @@ class Drafter:
     """The base: keeps no per-slot state (begin and release do nothing); counts its forwards."""
     forward_passes: int = 0
     wants_hidden: bool = False  # the loop asks the target's forward for hidden states, and calls observe
+    # asking costs nothing, or the drafter prices its own drafts: with num_draft_tokens="auto" the loop asks
+    # for the most tokens every step (and prices lookups' drafts by their evidence)
+    free: bool = False
 
     def begin(self, n_slots: int, capacity: int) -> None:
         pass
@@ -60,34 +66,70 @@ class Drafter:
         them beside it); none by default."""
         return []
 
+    def evidence(self, slot: int) -> int | None:
+        """For a lookup's last draft for slot: how many of the sequence's last tokens the occurrence it
+        copied from matched (up to EXTEND + n-gram); None for other drafts."""
+        return None
+
+
+def extend(a: np.ndarray, end: int, src: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray:
+    """For occurrences src[starts[j]: starts[j] + n] of a's last n tokens (a[end - n: end]): how many
+    tokens before each also match those before a's (up to EXTEND)."""
+    back = np.arange(1, EXTEND + 1)
+    theirs, ours = starts[:, None] - back, end - n - back
+    ok = (theirs >= 0) & (ours >= 0)
+    eq = ok & (src[np.maximum(theirs, 0)] == a[np.maximum(ours, 0)])
+    return np.cumprod(eq, axis=1).sum(axis=1)
+
 
 class LookupDrafter(Drafter):
-    """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens
-    (n = max_ngram down to min_ngram) and propose the tokens that followed it."""
+    """Prompt lookup: find the earlier occurrences of the sequence's last n tokens (n = max_ngram down
+    to min_ngram), and of those the one whose match goes furthest back (the latest of equals); propose
+    the tokens that followed it. How far the match went is its evidence (`evidence`): the longer, the
+    likelier the copy goes on."""
+    free = True
+    LATEST = 64  # occurrences compared (the latest)
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not (1 <= min_ngram <= max_ngram):
             raise InvalidRequest(f"lookup n-gram sizes: need 1 <= min_ngram ({min_ngram}) <= max_ngram "
                                  f"({max_ngram})", "lookup_max_ngram")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.matched: dict[int, int] = {}  # slot -> its last draft's evidence
 
     def propose(self, slots, seqs, ks, params) -> list[list[int]]:
-        return [self.lookup(s, k) for s, k in zip(seqs, ks)]
+        out = []
+        for slot, seq, k in zip(slots, seqs, ks):
+            d, self.matched[slot] = self.find(seq, k)
+            out.append(d)
+        return out
+
+    def evidence(self, slot: int) -> int | None:
+        return self.matched.get(slot)
+
+    def release(self, slot: int) -> None:
+        self.matched.pop(slot, None)
 
     def lookup(self, seq: Sequence[int], k: int) -> list[int]:
+        return self.find(seq, k)[0]
+
+    def find(self, seq: Sequence[int], k: int) -> tuple[list[int], int]:
+        """(up to k tokens, how many tokens the match they continue spans; 0: none found)."""
         L = len(seq)
         if k <= 0 or L < 2:
-            return []
+            return [], 0
         a = np.asarray(seq, dtype=np.int64)
         for n in range(min(self.max_ngram, L - 1), self.min_ngram - 1, -1):
             tail = a[L - n:]
-            # candidate starts i < L - n with a[i:i+n] == tail, latest first
+            # candidate starts i < L - n with a[i:i+n] == tail
             win = np.lib.stride_tricks.sliding_window_view(a[: L - 1], n)  # (L - n, n)
-            hits = np.flatnonzero((win == tail).all(axis=1))
+            hits = np.flatnonzero((win == tail).all(axis=1))[-self.LATEST:]
             if hits.size:
-                i = int(hits[-1]) + n
-                return a[i: i + k].tolist()
-        return []
+                more = extend(a, L, a, hits, n)
+                j = len(hits) - 1 - int(np.argmax(more[::-1]))  # the longest match, the latest of those
+                i = int(hits[j]) + n
+                return a[i: i + k].tolist(), n + int(more[j])
+        return [], 0
 
 
 def from_prediction(pred: Sequence[int], out: Sequence[int], k: int, max_ngram: int = 4) -> list[int]:
@@ -149,12 +191,20 @@ class NgramPool:
                 yield tuple(seq[i:i + n]), i + n
 
     def lookup(self, seq: Sequence[int], k: int) -> list[int]:
+        return self.find(seq, k)[0]
+
+    def find(self, seq: Sequence[int], k: int) -> tuple[list[int], int]:
+        """(up to k tokens, how many of seq's last tokens the occurrence they follow matches; 0: none)."""
         for n in range(min(self.max_ngram, len(seq)), self.min_ngram - 1, -1):
             hit = self.index.get(tuple(seq[len(seq) - n:]))
             if hit is not None:
                 src, i = self.seqs[hit[0]], hit[1]
-                return src[i:i + k]
-        return []
+                if k <= 0:
+                    return [], 0
+                mine, lo = np.asarray(seq[-(n + EXTEND):], np.int64), max(0, i - n - EXTEND)
+                more = extend(mine, len(mine), np.asarray(src[lo:i], np.int64), np.array([i - n - lo]), n)
+                return src[i:i + k], n + int(more[0])
+        return [], 0
 
 
 class PoolDrafter(LookupDrafter):
@@ -171,12 +221,14 @@ class PoolDrafter(LookupDrafter):
         out = []
         for slot, seq, k in zip(slots, seqs, ks):
             self.live[slot] = seq
-            own = self.lookup(seq, k)
-            pooled = self.pool.lookup(seq, k) if 0 < k and len(own) < k else []
-            out.append(pooled if len(pooled) > len(own) else own)
+            own = self.find(seq, k)
+            pooled = self.pool.find(seq, k) if 0 < k and len(own[0]) < k else ([], 0)
+            d, self.matched[slot] = pooled if len(pooled[0]) > len(own[0]) else own
+            out.append(d)
         return out
 
     def release(self, slot: int) -> None:
+        super().release(slot)
         seq = self.live.pop(slot, None)
         if seq is not None:
             self.pool.add(seq)
@@ -249,13 +301,17 @@ class DraftModelDrafter(Drafter):
 class MixDrafter(Drafter):
     """Prompt lookup (or the pool) beside a model drafter (a head, a draft model), chosen per sequence and
     step by expected tokens per unit of time (decode/cost.py): each source's acceptance on this sequence,
-    measured online (`cost.Acceptance`), the verify cost of k + 1 rows and the model's cost per draft token
-    (lookups cost nothing to ask, so they are asked first, every step). The lookup's draft of L tokens
-    yields 1 + a + ... + a^L tokens for costs[L]; the model's best k' <= k, 1 + m + ... + m^k' for
-    costs[k'] + k' x its cost per token. The better one drafts; the model is asked for its best k'."""
+    measured online (the lookup's per class of its evidence, `cost.ByEvidence`; the model's `cost.Acceptance`),
+    the verify cost of k + 1 rows and the model's cost per draft token (lookups cost nothing to ask, so they
+    are asked first, every step). The lookup's L tokens of evidence m are worth their best first n
+    (1 + a + ... + a^n tokens for costs[n]); the model's best k' <= k, 1 + m + ... + m^k' for costs[k'] +
+    k' x its cost per token; drafting nothing, 1 token for costs[0]. The best of the three is done; a model
+    not worth asking is still asked for one token after 1, 2, 4, ... 32 steps (its acceptance may have
+    changed). It prices its own drafts: with num_draft_tokens="auto" the loop asks for the most tokens."""
+    free = True
 
-    def __init__(self, free: LookupDrafter, model: Drafter, target: Transformer):
-        self.free, self.model, self.target = free, model, target
+    def __init__(self, lookups: LookupDrafter, model: Drafter, target: Transformer):
+        self.lookups, self.model, self.target = lookups, model, target
         self.wants_hidden = model.wants_hidden
 
     @property
@@ -263,15 +319,17 @@ class MixDrafter(Drafter):
         return self.model.forward_passes
 
     def begin(self, n_slots: int, capacity: int) -> None:
-        self.free.begin(n_slots, capacity)
+        self.lookups.begin(n_slots, capacity)
         self.model.begin(n_slots, capacity)
-        self.acc = [(Acceptance(), Acceptance()) for _ in range(n_slots)]  # (lookup, model) per slot
-        self.last: list[tuple[int, int, list[int]] | None] = [None] * n_slots  # (source, len(seq), draft)
+        self.acc = [(ByEvidence(), Acceptance()) for _ in range(n_slots)]  # (lookup, model) per slot
+        self.last: list[tuple[int, int, list[int], int] | None] = [None] * n_slots  # (source, len(seq), draft, m)
+        self.idle, self.backoff = [0] * n_slots, [1] * n_slots  # steps the model was not asked; the next wait
 
     def release(self, slot: int) -> None:
-        self.free.release(slot)
+        self.lookups.release(slot)
         self.model.release(slot)
-        self.acc[slot], self.last[slot] = (Acceptance(), Acceptance()), None
+        self.acc[slot], self.last[slot] = (ByEvidence(), Acceptance()), None
+        self.idle[slot], self.backoff[slot] = 0, 1
 
     def observe(self, slot: int, start: int, hidden: np.ndarray) -> None:
         self.model.observe(slot, start, hidden)
@@ -287,27 +345,43 @@ class MixDrafter(Drafter):
         """What the last proposal for slot got accepted: its agreement with the tokens that followed."""
         if self.last[slot] is None:
             return
-        src, n, draft = self.last[slot]
+        src, n, draft, m = self.last[slot]
         got = seq[n:n + len(draft)]
         a = next((i for i, (x, y) in enumerate(zip(draft, got)) if x != y), min(len(draft), len(got)))
-        self.acc[slot][src].add(len(draft), a)
+        if src:
+            self.acc[slot][1].add(len(draft), a)
+            if a:
+                self.backoff[slot] = 1
+        else:
+            self.acc[slot][0].add(m, len(draft), a)
         self.last[slot] = None
 
-    def choose(self, slot: int, free_len: int, k: int, context: int = 32) -> int:
-        """Draft tokens to ask the model for (0: the lookup's draft of free_len tokens is worth more), for a
+    def choose(self, slot: int, free_len: int, m: int, k: int, context: int = 32) -> tuple[int, int]:
+        """(how many of the lookup's free_len tokens of evidence m to verify, how many tokens to ask the
+        model for): at most one of them not 0; both 0: drafting is worth less than a plain step. For a
         sequence of `context` tokens."""
         costs = verify_costs(self.target, context)
-        a_free, a_model = (x.alpha for x in self.acc[slot])
-        free = tokens_per_time(a_free, costs, 0.0, free_len)[free_len] if free_len else 0.0
-        value = tokens_per_time(a_model, costs, self.cost_per_token(self.target), k)[1:]
-        best = int(np.argmax(value))
-        return 0 if free >= value[best] else best + 1
+        lookups, model = self.acc[slot]
+        n = lookups.length(m, free_len, costs) if free_len else 0
+        free = tokens_per_time(lookups.alpha(m), costs, 0.0, n)[n]
+        value = tokens_per_time(model.alpha, costs, self.cost_per_token(self.target), k)[1:]
+        best = int(np.argmax(value)) if len(value) else -1
+        return (0, best + 1) if best >= 0 and value[best] > free else (n, 0)
 
     def propose(self, slots, seqs, ks, params) -> list[list[int]]:
         for s, seq in zip(slots, seqs):
             self._learn(s, seq)
-        out = self.free.propose(slots, seqs, ks, params)
-        want = [self.choose(s, len(d), k, len(seq)) if k > 0 else 0 for s, seq, d, k in zip(slots, seqs, out, ks)]
+        out = self.lookups.propose(slots, seqs, ks, params)
+        want = [0] * len(seqs)
+        for i, (s, seq, k) in enumerate(zip(slots, seqs, ks)):
+            if k <= 0:
+                continue
+            n, want[i] = self.choose(s, len(out[i]), self.lookups.evidence(s) or 0, k, len(seq))
+            out[i] = out[i][:n]
+            if not n and not want[i]:  # neither pays: the model is asked for one token now and then
+                self.idle[s] += 1
+                if self.idle[s] >= self.backoff[s]:
+                    want[i], self.idle[s], self.backoff[s] = 1, 0, min(PAUSE_MAX, 2 * self.backoff[s])
         ask = [i for i, w in enumerate(want) if w]
         if ask:
             got = self.model.propose([slots[i] for i in ask], [seqs[i] for i in ask], [want[i] for i in ask],
@@ -316,5 +390,5 @@ class MixDrafter(Drafter):
                 out[i] = d
         for i, (s, seq, d) in enumerate(zip(slots, seqs, out)):
             if d:
-                self.last[s] = (1 if want[i] else 0, len(seq), d)
+                self.last[s] = (1 if want[i] else 0, len(seq), d, self.lookups.evidence(s) or 0)
         return out

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .chunking import Chunker
-from .cost import PAUSE_MAX, Acceptance, best_k, best_siblings, verify_costs
+from .cost import PAUSE_MAX, Acceptance, ByEvidence, best_k, best_siblings, verify_costs
 from .drafters import Drafter, from_prediction
 from ..errors import GenerationError, InvalidRequest
 from ..kernels.attention import BLOCK
@@ -27,75 +27,7 @@ from ..model.prefix import PrefixCache
 from ..model.transformer import Rows, Transformer
 from .request import Request
 from .sampling import TokenLogprob, pick, pick_rows, processed_logits, token_logprobs
-
-@dataclass
-class Stats:
-    """One sequence's figures; every field means this sequence only."""
-    prompt_tokens: int = 0
-    new_tokens: int = 0  # committed tokens (for a cancelled sequence: those committed before it left)
-    forward_passes: int = 0  # target forwards this sequence took part in (its prefill counts one)
-    proposed: int = 0  # draft tokens proposed for it
-    accepted: int = 0  # ... and accepted
-    steps: int = 0  # verify steps (its forwards after the prefill)
-    time_to_first_token: float = 0.0  # seconds from joining the batch to its first token
-    wall_time: float = 0.0  # seconds from joining the batch to finishing (or being cancelled)
-    cached_tokens: int = 0  # prompt tokens whose keys came from the prefix cache
-    prediction_accepted: int = 0  # draft tokens taken from the request's prediction and accepted
-    prediction_rejected: int = 0  # ... and rejected
-    siblings: int = 0  # tree verification: other first tokens verified beside the draft (each in a helper slot)
-    sibling_accepted: int = 0  # ... that were the target's token
-    seed: int | None = None  # the sampling seed used (temperature > 0), so a run with seed=None replays
-    proposed_at: list[int] = field(default_factory=list)  # [i]: steps that proposed a draft token at offset i
-    accepted_at: list[int] = field(default_factory=list)  # [i]: ... and had it accepted
-
-    def count_step(self, proposed: int, accepted: int) -> None:
-        self.steps += 1
-        self.proposed += proposed
-        self.accepted += accepted
-        while len(self.proposed_at) < proposed:
-            self.proposed_at.append(0)
-            self.accepted_at.append(0)
-        for i in range(proposed):
-            self.proposed_at[i] += 1
-            self.accepted_at[i] += i < accepted
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens committed per verify step (accepted drafts + the target's own token)."""
-        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
-
-    def as_dict(self) -> dict:
-        return {**self.__dict__, "acceptance_rate": self.acceptance_rate,
-                "mean_accepted_length": self.mean_accepted_length, "tokens_per_second": self.tokens_per_second}
-
-
-@dataclass
-class BatchStats:
-    """A whole batch's figures (generate_batch, the engine): shared work, not per sequence."""
-    sequences: int = 0  # sequences that joined
-    new_tokens: int = 0  # tokens committed, all sequences
-    forward_passes: int = 0  # target forwards
-    draft_forward_passes: int = 0  # the drafter's forwards (a draft model; 0 for prompt lookup)
-    cancelled: int = 0  # sequences cancelled before they finished
-    cancelled_tokens: int = 0  # tokens those had committed (work done for nobody)
-    failed: int = 0  # sequences ended by an error while they were stepped (finish_reason "error")
-    wall_time: float = 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
-
-    def as_dict(self) -> dict:
-        return {**self.__dict__, "tokens_per_second": self.tokens_per_second}
-
+from .stats import BatchStats, Stats
 
 @dataclass
 class SeqState:
@@ -116,6 +48,8 @@ class SeqState:
     skip: int = 0  # steps to go without drafting (DraftLength.pause)
     predicted: bool = False  # this step's drafts came from the request's prediction
     acceptance: Acceptance = field(default_factory=Acceptance)  # recent, for num_draft_tokens="auto"
+    by_evidence: ByEvidence = field(default_factory=ByEvidence)  # "auto": lookups' acceptance by match length
+    evidence: int | None = None  # this step's draft: a lookup's of this match length (-1: the prediction's)
     # per sibling verified (tree verification); a runner-up is seldom the target's token (SmolLM2's head:
     # 19 of 193 in bench/head.py), so the prior is low
     sibling_rate: Acceptance = field(default_factory=lambda: Acceptance(prior=0.1))
@@ -253,8 +187,8 @@ class Batch:
         """Draft tokens for each running sequence: the drafter's, or the request's prediction where it
         offers at least as many. Never past the token budget or the cache: the verify yields up to
         k + 1 tokens."""
-        ks = [0 if s.skip else max(0, min(s.k, s.req.max_new_tokens - len(s.generated) - 1,
-                                          self.capacity - len(s.tokens) - 1)) for s in old]
+        ks = [self._room(s, s.req.draft_len.max_k) if self._asks_most(s) else 0 if s.skip else self._room(s, s.k)
+              for s in old]
         for s in old:
             s.skip = max(0, s.skip - 1)
         drafts: list[list[int]] = [[] for _ in old]
@@ -268,7 +202,10 @@ class Batch:
             s.predicted = bool(guess) and len(guess) >= len(drafts[i])
             if s.predicted:
                 drafts[i] = guess
-            elif drafts[i] and self.branches > 1:
+            s.evidence = None
+            if drafts[i] and self._asks_most(s):
+                drafts[i] = self._price(s, drafts[i])
+            if drafts[i] and not s.predicted and self.branches > 1:
                 alts = [t for t in self.drafter.alternatives(s.slot) if t != drafts[i][0]]
                 n, most = len(drafts[i]), min(len(alts), self.branches - 1)
                 costs = verify_costs(self.target, len(s.tokens))
@@ -277,6 +214,27 @@ class Batch:
                 for t in alts[:j]:
                     self._sibs.append((i, self._helpers.pop(), t))
         return drafts
+
+    def _room(self, s: SeqState, k: int) -> int:
+        """k, or fewer: never past the token budget or the cache (a verify yields up to k + 1 tokens)."""
+        return max(0, min(k, s.req.max_new_tokens - len(s.generated) - 1, self.capacity - len(s.tokens) - 1))
+
+    def _asks_most(self, s: SeqState) -> bool:
+        """num_draft_tokens="auto" with drafts that cost nothing to ask for (lookups, the request's
+        prediction) or that the drafter prices itself (MixDrafter): asked for the most tokens every step,
+        the lookups' and the prediction's drafts cut to the length worth verifying (`_price`)."""
+        return s.req.draft_len.auto and (self.drafter.free if self.drafter is not None else bool(s.req.prediction))
+
+    def _price(self, s: SeqState, d: list[int]) -> list[int]:
+        """A lookup's draft (or the prediction's) cut to the length with the most expected tokens per unit of
+        time, from the sequence's acceptance of drafts with the same evidence (cost.ByEvidence)."""
+        m = -1 if s.predicted else self.drafter.evidence(s.slot) if self.drafter is not None else None
+        if m is None:  # the drafter priced it
+            return d
+        alpha = s.acceptance.alpha if m < 0 else s.by_evidence.alpha(m)
+        d = d[:best_k(alpha, verify_costs(self.target, len(s.tokens)), 0.0, len(d))]
+        s.evidence = m if d else None
+        return d
 
     def _drop_siblings(self) -> None:
         for _, h, _ in self._sibs:
@@ -370,7 +328,9 @@ class Batch:
             s.k = s.req.draft_len.update(s.k, len(d), a)
             if d:
                 s.skip, s.backoff = s.req.draft_len.pause(len(d), a, s.backoff)
-                if s.req.draft_len.auto:
+                if s.evidence is not None and s.evidence >= 0:
+                    s.by_evidence.add(s.evidence, len(d), a)
+                elif s.req.draft_len.auto:
                     self._auto_k(s, len(d), a)
             if won:
                 out.append((s, self._commit(s, [choice[0], nxt], torch.stack([rows[0], logits[won[0][0] + 1]]))))
@@ -382,6 +342,8 @@ class Batch:
         """num_draft_tokens="auto": the next k by cost (decode/cost.py); none worth drafting: pause
         1, 2, 4, ... steps, then probe with one draft token."""
         s.acceptance.add(proposed, accepted)
+        if self._asks_most(s):  # asked for the most every step (see _asks_most)
+            return
         per_draft = self.drafter.cost_per_token(self.target) if self.drafter is not None and not s.predicted else 0.0
         costs = verify_costs(self.target, len(s.tokens))  # at this sequence's length; measured once
         k = best_k(s.acceptance.alpha, costs, per_draft, s.req.draft_len.max_k)

@@ -37,38 +37,54 @@ def expected(alpha: float, k: int, per_draft: float) -> float:
 
 
 def test_untried_sources_prefer_the_free_lookup(mix):
-    assert mix.choose(0, 3, 4) == 0  # both at the prior 0.5: a draft that costs nothing to make wins
-    assert mix.choose(0, 0, 4) > 0  # no lookup draft: the model drafts
+    assert mix.choose(0, 3, 3, 4) == (3, 0)  # a 3-token match (prior 0.8) costs nothing to make: it wins
+    assert mix.choose(0, 0, 0, 4)[1] > 0  # no lookup draft: the model drafts
+    assert mix.choose(0, 3, 1, 4)[1] > 0  # a 1-token match (prior 0.3) is worth less than the model's guess
 
 
 def test_the_source_that_is_accepted_on_this_sequence_wins(mix):
     for _ in range(6):
-        mix.acc[0][0].add(3, 0)  # lookup: rejected at once, every time
+        mix.acc[0][0].add(3, 3, 0)  # lookups of 3-token matches: rejected at once, every time
         mix.acc[0][1].add(3, 3)  # the model: all accepted
     a = mix.acc[0][1].alpha
-    k = mix.choose(0, 3, 8)
-    assert k == 1 + int(np.argmax([expected(a, j, 0.05) for j in range(1, 9)]))
-    assert mix.choose(1, 3, 8) == 0  # slot 1 learned nothing: per sequence
+    assert mix.choose(0, 3, 3, 8) == (0, 1 + int(np.argmax([expected(a, j, 0.05) for j in range(1, 9)])))
+    assert mix.choose(1, 3, 3, 8) == (3, 0)  # slot 1 learned nothing: per sequence
+    n, w = mix.choose(0, 8, 12, 8)  # a longer match is another class: still at its prior (0.95)
+    assert n >= 4 and w == 0
 
 
 def test_a_costly_model_drafts_fewer_tokens(mix):
     for _ in range(6):
         mix.acc[0][1].add(3, 2)
     mix.model.cost = 0.0
-    assert mix.choose(0, 0, 8) > 2
+    assert mix.choose(0, 0, 0, 8)[1] > 2
     mix.model.cost = 1.0  # a draft token as dear as a target forward
-    assert mix.choose(0, 0, 8) <= 2
+    assert mix.choose(0, 0, 0, 8)[1] <= 2
 
 
 def test_it_learns_each_source_from_the_tokens_that_followed(mix):
     p = [SamplingParams()]
-    seq = [1, 2, 3, 1, 2]  # lookup proposes 3, 1, 2 (what followed "1, 2")
+    seq = [1, 2, 3, 1, 2]  # lookup proposes 3, 1, 2 (what followed "1, 2": a 2-token match)
     assert mix.propose([0], [seq], [3], p) == [[3, 1, 2]]
     seq += [7, 7]  # "3" was not the next token: the lookup's draft was rejected
     assert mix.propose([0], [seq], [3], p) == [[9, 9]]  # now the model's guess is worth more (its best k: 2)
-    assert mix.acc[0][0].alpha < 0.5 and mix.acc[0][1].alpha == 0.5
+    assert mix.acc[0][0].alpha(2) < 0.6 and mix.acc[0][0].alpha(3) == 0.8 and mix.acc[0][1].alpha == 0.5
     seq += [9, 9, 4, 5]  # both of the model's accepted; nothing to look up after "4, 5"
     assert mix.propose([0], [seq], [8], p) == [[9] * mix.model.asked[-1]]
     assert mix.acc[0][1].alpha > 0.8 and mix.model.asked[-1] >= 4
     mix.release(0)
-    assert mix.acc[0][0].alpha == 0.5 and mix.last[0] is None
+    assert mix.acc[0][0].alpha(2) == 0.6 and mix.last[0] is None
+
+
+def test_a_model_not_worth_asking_is_asked_for_one_token_now_and_then(mix):
+    mix.model.cost = 0.5
+    for _ in range(8):
+        mix.acc[0][1].add(3, 0)
+    assert mix.choose(0, 0, 0, 8) == (0, 0)  # drafting is worth less than a plain step
+    seq, asked = [1, 2, 3, 4], []
+    for _ in range(15):
+        before = len(mix.model.asked)
+        mix.propose([0], [seq], [8], [SamplingParams()])
+        asked.append(mix.model.asked[-1] if len(mix.model.asked) > before else 0)
+        seq = seq + [100 + len(seq)]  # never the model's 9: each probe is rejected
+    assert asked == [1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1]  # after 1, 2, 4, 8 steps
