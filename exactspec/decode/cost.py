@@ -38,20 +38,35 @@ def fastest(run: Callable[[], object], repeat: int = 3) -> float:
     return best
 
 
-def _fastest(net: Transformer, cache, rows: Rows) -> float:
-    return fastest(lambda: rows.forward(net, cache))
-
-
-def _seconds(net: Transformer, n: int, at: int = 32) -> float:
-    """A forward of n rows of one sequence at positions at.. (their attention reads at + 1.. keys)."""
+def _probe(net: Transformer, n: int, at: int = 32) -> Callable[[], object]:
+    """A forward of n rows of one sequence at positions at.. (their attention reads at + 1.. keys), ready to
+    time: its cache holds the keys before them, written once (a forward reads only written blocks)."""
     cache = net.new_cache(1, at + n)
     if at:
         keys = Rows()
-        keys.add(0, [1] * at, 0)  # the keys before them, written once (a forward reads only written blocks)
+        keys.add(0, [1] * at, 0)
         keys.forward(net, cache)
     rows = Rows()
     rows.add(0, [1] * n, at, logits_from=0)
-    return _fastest(net, cache, rows)
+    return lambda: rows.forward(net, cache)
+
+
+def _seconds(net: Transformer, n: int, at: int = 32) -> float:
+    return fastest(_probe(net, n, at))
+
+
+def interleaved(runs: list[Callable[[], object]], repeat: int = 5) -> np.ndarray:
+    """Seconds: each run's fastest of `repeat`, timed round by round (every run once a round, after one
+    round to warm), so that a slow spell of a shared machine hits them all alike."""
+    for run in runs:
+        run()
+    best = np.full(len(runs), np.inf)
+    for _ in range(repeat):
+        for i, run in enumerate(runs):
+            t = time.perf_counter()
+            run()
+            best[i] = min(best[i], time.perf_counter() - t)
+    return best
 
 
 def attention_cost(net: Transformer) -> float:
@@ -63,6 +78,11 @@ def attention_cost(net: Transformer) -> float:
         t_far, t_near = _seconds(net, 1, far), _seconds(net, 1, near)
         _ATTENTION[net] = max(t_far - t_near, 0.0) / max(far - near, 1) / t_near
     return _ATTENTION[net]
+
+
+def one_row(net: Transformer) -> Callable[[], object]:
+    """A one-row forward at position 32, ready to time (decode/head.py times its draft step beside it)."""
+    return _probe(net, 1)
 
 
 def one_row_seconds(net: Transformer) -> float:
@@ -79,16 +99,16 @@ def _far(net: Transformer) -> int:
 def _verify_seconds(net: Transformer) -> tuple[np.ndarray, np.ndarray]:
     """Seconds of a forward of each of _MEASURED row counts at 32 and at _far(net) positions."""
     if net not in _COSTS:
-        near = np.array([one_row_seconds(net) if n == 1 else _seconds(net, n) for n in _MEASURED])
-        far = np.array([_seconds(net, n, _far(net)) for n in _MEASURED]) if _far(net) > 32 else near
-        _COSTS[net] = (near, far)
+        ats = (32, _far(net)) if _far(net) > 32 else (32,)
+        t = interleaved([_probe(net, n, at) for at in ats for n in _MEASURED]).reshape(len(ats), len(_MEASURED))
+        _COSTS[net] = (t[0], t[-1])
     return _COSTS[net]
 
 
 def verify_costs(net: Transformer, context: int = 32) -> np.ndarray:
     """(MAX_K + 1,) costs[k]: a forward of k + 1 rows after `context` positions, over a one-row forward
     at 32 (so costs[0] >= 1 grows with the context: each row's attention reads every key before it),
-    measured once per model at 32 and at 512 positions (about 50 forwards), linear in the context
+    measured once per model at 32 and at 512 positions (about 70 forwards, interleaved), linear in the context
     between and beyond, interpolated between measured row counts, made non-decreasing in k. A verify
     of k drafts against a one-row step is costs[k] / costs[0] at the sequence's own length: at 300
     positions on SmolLM2 Q4_1 the rows' attention is ~1/3 of a short forward each."""

@@ -32,7 +32,7 @@ from ..errors import CheckpointError, UnsupportedModelError
 from ..kernels.threads import torch_serial
 from ..model.transformer import Rows, Transformer, int64s
 from ..text.tokenizer import Tokenizer
-from .cost import fastest, one_row_seconds
+from .cost import interleaved, one_row
 from .drafters import Drafter
 from .sampling import SamplingParams, pick
 
@@ -259,5 +259,6 @@ class HeadDrafter(Drafter):
             def step() -> None:  # one draft token after the last true state
                 probe.fed[0] = 39
                 probe.propose([0], [[1] * 41], [1], [SamplingParams()])
-            _COST[self.head] = fastest(step, repeat=5) / one_row_seconds(target)
+            head, row = interleaved([step, one_row(target)])  # side by side: a slow spell hits both
+            _COST[self.head] = head / row
         return _COST[self.head]
