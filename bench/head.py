@@ -3,7 +3,7 @@ head, the head beside prompt lookup, the head with tree verification (up to 2 ru
 token verified beside the draft where the measured costs say so), prompt lookup, the distilled draft
 model; each with the same "auto" draft length.
 
-    python bench/head.py [--dtype auto bfloat16] [--max-new-tokens 160] [--repeat 3] [--head PATH]
+    python bench/head.py [--dtype auto bfloat16] [--max-new-tokens 160] [--repeat 3] [--head PATH] [--methods NAME ...]
 
 A mix of chats (the demo's three plus general chat, code writing) and three prompts that edit or quote a
 given text (add type hints to a function, list the cities of a text, rewrite a text), reported apart and
@@ -88,6 +88,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--repeat", type=int, default=3, help="runs of each (method, prompt); its fastest counts")
     ap.add_argument("--head", default=None, help="a head folder (default: the shipped one)")
+    ap.add_argument("--methods", nargs="+", default=None, help="only these (names as printed; greedy always runs)")
     a = ap.parse_args()
     path = fetch.smollm2()
     for dtype in a.dtype:
@@ -98,6 +99,7 @@ def main() -> None:
         texts = [chat.render(target.tokenizer.config, [{"role": "user", "content": m}]) for m in MIX]
         methods = [("plain greedy", None, 1), ("head", head, 1), ("head + lookup", head + "+lookup", 1),
                    ("head, tree", head, 3), ("prompt lookup", "lookup", 1), ("draft model", draft, 1)]
+        methods = [m for m in methods if a.methods is None or m[1] is None or m[0] in a.methods]
         for _, d, b in methods:  # compile, measure the costs "auto" uses
             target.generate(texts[0], 8, draft=d, num_draft_tokens="auto" if d is not None else 0, draft_branches=b)
         rows = run(target, texts, methods, a.max_new_tokens, a.repeat)
