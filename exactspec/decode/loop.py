@@ -29,6 +29,7 @@ from .request import Request
 from .sampling import TokenLogprob, pick, pick_rows, processed_logits, token_logprobs
 from .stats import BatchStats, Stats
 
+
 @dataclass
 class SeqState:
     """A request while it is in a batch."""
