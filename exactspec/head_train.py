@@ -212,7 +212,7 @@ def fit(net: HeadNet, data, embed: torch.Tensor, minutes: float, batch: int = 8,
         ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
         curve.append((step, time.time() - t0, reg.item(), ce.item()))
         bar.n = int(min(budget, time.time() - t0))
-        bar.set_postfix_str(f"step {step} loss {ema:.3f} (reg {float(reg):.3f} ce {float(ce):.3f})")
+        bar.set_postfix_str(f"step {step} loss {ema:.3f} (reg {curve[-1][2]:.3f} ce {curve[-1][3]:.3f})")
         bar.refresh()
     bar.close()
     net.eval()
