@@ -110,9 +110,6 @@ class LookupDrafter(Drafter):
     def release(self, slot: int) -> None:
         self.matched.pop(slot, None)
 
-    def lookup(self, seq: Sequence[int], k: int) -> list[int]:
-        return self.find(seq, k)[0]
-
     def find(self, seq: Sequence[int], k: int) -> tuple[list[int], int]:
         """(up to k tokens, how many tokens the match they continue spans; 0: none found)."""
         L = len(seq)
@@ -189,9 +186,6 @@ class NgramPool:
         for n in range(self.min_ngram, self.max_ngram + 1):
             for i in range(len(seq) - n):
                 yield tuple(seq[i:i + n]), i + n
-
-    def lookup(self, seq: Sequence[int], k: int) -> list[int]:
-        return self.find(seq, k)[0]
 
     def find(self, seq: Sequence[int], k: int) -> tuple[list[int], int]:
         """(up to k tokens, how many of seq's last tokens the occurrence they follow matches; 0: none)."""

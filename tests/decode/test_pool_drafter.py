@@ -8,11 +8,11 @@ def test_pool_lookup_latest_and_bounded():
     pool = NgramPool(max_ngram=2, max_tokens=12)
     pool.add([1, 2, 3, 4, 5])
     pool.add([9, 2, 3, 7, 8])
-    assert pool.lookup([0, 2, 3], 2) == [7, 8]  # the latest occurrence of (2, 3)
-    assert pool.lookup([0, 4], 3) == [5]
-    assert pool.lookup([6], 2) == []
+    assert pool.find([0, 2, 3], 2)[0] == [7, 8]  # the latest occurrence of (2, 3)
+    assert pool.find([0, 4], 3)[0] == [5]
+    assert pool.find([6], 2)[0] == []
     pool.add([10, 11, 12, 13])  # over 12 tokens: the oldest sequence leaves, with its n-grams
-    assert pool.lookup([0, 4], 3) == [] and pool.lookup([0, 2, 3], 2) == [7, 8]
+    assert pool.find([0, 4], 3)[0] == [] and pool.find([0, 2, 3], 2)[0] == [7, 8]
     assert all(sid in pool.seqs for sid, _ in pool.index.values())
 
 

@@ -168,9 +168,9 @@ def test_unrelated_draft_is_mostly_rejected_yet_output_identical(pair):
 
 def test_lookup_drafter_proposes_continuation_of_latest_match():
     d = LookupDrafter(max_ngram=3)
-    assert d.lookup([1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3], 2) == [7, 8]
-    assert d.lookup([1, 2, 3, 4], 3) == []
-    assert d.lookup([5, 1, 5], 4) == [1, 5]
+    assert d.find([1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3], 2)[0] == [7, 8]
+    assert d.find([1, 2, 3, 4], 3)[0] == []
+    assert d.find([5, 1, 5], 4)[0] == [1, 5]
 
 
 def test_sampled_tokens_follow_the_filtered_distribution():
