@@ -146,7 +146,9 @@ def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 
         raise InvalidRequest(f"logprobs_mode={logprobs_mode!r}: 'raw' or 'processed'", "logprobs_mode")
     if not isinstance(cache_scope, str):
         raise InvalidRequest(f"cache_scope={cache_scope!r}: must be a string", "cache_scope")
-    predicted = check_prompt(prediction, limits, "prediction") if len(prediction) else ()
+    # a hint, as OpenAI's API takes it: what cannot fit the context is cut, never refused
+    prediction = list(prediction.tolist() if hasattr(prediction, "tolist") else prediction)[:limits.max_context - 1]
+    predicted = check_prompt(prediction, limits, "prediction") if prediction else ()
     k = num_draft_tokens if num_draft_tokens or not predicted else "auto"
     return Request(ids, params, max_new_tokens, eos_ids, tuple(s for s in stops if s), DraftLength(k),
                    logprobs, logprobs_mode, cache_scope, predicted)

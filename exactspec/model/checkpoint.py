@@ -119,6 +119,13 @@ def _open(path: str | Path, dtype: str, max_context: int | None, quantize: str |
         tok = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
         c = Checkpoint(folder, cfg, Transformer(cfg, TensorStore(folder), dtype, max_context, quant, activations), tok,
                        _eos_ids(folder, cfg))
+    if c.tokenizer is not None:  # a token id the tokenizer can produce must have an embedding row
+        ids = c.tokenizer.tok.get_vocab(with_added_tokens=True).values()
+        top = max(ids, default=-1) + 1
+        if top > cfg.vocab_size:
+            where = folder if gguf else folder / "tokenizer.json"
+            raise CheckpointError(f"{where}: the tokenizer has token ids up to {top - 1}, but the model has "
+                                  f"{cfg.vocab_size} embedding rows (token_embd / vocab_size)")
     del store  # the GGUF reader's parsed metadata: freed before the heap is handed back
     release_free_heap()
     return c

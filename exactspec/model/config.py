@@ -1,6 +1,7 @@
 """ModelConfig: the frozen facts we need from a HF config.json, per-architecture differences as fields."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,30 @@ class Limits:
 
 
 _MISSING = object()
+# the config's fields as a HF config.json names them (GGUF files name them by their own keys)
+HF_KEYS = {"n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+           "rms_norm_eps": "rms_norm_eps", "rope_theta": "rope_theta", "rope_scaling": "rope_scaling"}
+
+
+def check_numbers(cfg: ModelConfig, where: str, keys: dict[str, str] = HF_KEYS) -> ModelConfig:
+    """CheckpointError naming the file and key for numbers a model cannot have: a NaN or infinite
+    epsilon or RoPE base, a negative epsilon, query heads that do not group over the KV heads, an odd
+    head size (RoPE rotates halves). Checked at load, never found as garbage output."""
+    def bad(field: str, v, need: str) -> CheckpointError:
+        return CheckpointError(f"{where}: {keys.get(field, field)} is {v!r}; {need}")
+    if not math.isfinite(cfg.rms_norm_eps) or cfg.rms_norm_eps < 0:
+        raise bad("rms_norm_eps", cfg.rms_norm_eps, "expected a finite number >= 0")
+    if not math.isfinite(cfg.rope_theta) or cfg.rope_theta <= 0:
+        raise bad("rope_theta", cfg.rope_theta, "expected a finite number > 0")
+    for k, v in (cfg.rope_scaling or {}).items():
+        if not math.isfinite(v) or v <= 0:
+            raise bad("rope_scaling", cfg.rope_scaling, f"{k} must be a finite number > 0")
+    if cfg.n_kv_heads < 1 or cfg.n_heads % cfg.n_kv_heads:
+        raise bad("n_kv_heads", cfg.n_kv_heads, f"the {cfg.n_heads} query heads ({keys.get('n_heads', 'n_heads')}) "
+                  "must be a whole multiple of it")
+    if cfg.head_dim < 2 or cfg.head_dim % 2:
+        raise bad("head_dim", cfg.head_dim, "expected an even head size >= 2 (RoPE rotates halves)")
+    return cfg
 
 
 def token_ids(value, where: str) -> tuple[int, ...]:
@@ -127,7 +152,7 @@ def load_config(folder: Path) -> ModelConfig:
         raise CheckpointError(f"{path}: field {bad!r} must be >= 1")
     attention_bias = num("attention_bias", bool, False)
     bos = num("bos_token_id", int, None)
-    return ModelConfig(
+    return check_numbers(ModelConfig(
         arch=arch,
         vocab_size=sizes["vocab_size"],
         hidden_size=hidden,
@@ -148,4 +173,4 @@ def load_config(folder: Path) -> ModelConfig:
         sliding_window=window or None,
         eos_token_ids=token_ids(c.get("eos_token_id"), f"{path}: field 'eos_token_id'"),
         bos_token_id=bos,
-    )
+    ), str(path))

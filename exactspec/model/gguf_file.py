@@ -16,10 +16,11 @@ import numpy as np
 import torch
 
 from ..kernels import quant as Q
-from .config import ModelConfig
+from .config import ModelConfig, check_numbers
 from .gguf_header import check_header
 from ..errors import CheckpointError, UnsupportedModelError, WeightError
 from ..text.tokenizer import Tokenizer
+from .weights import finite
 
 ARCHS = ("llama", "qwen2", "qwen3")
 _REQUIRED = object()  # _field's default: a missing field is an error
@@ -103,7 +104,10 @@ class GGUFFile:
         if not vocab:
             vocab = int(self.tensors["token_embd.weight"].shape[1]) if "token_embd.weight" in self.tensors else 0
         eos = self._field("tokenizer.ggml.eos_token_id", None)
-        return ModelConfig(
+        keys = {"n_heads": f"{a}.attention.head_count", "n_kv_heads": f"{a}.attention.head_count_kv",
+                "head_dim": f"{a}.attention.key_length", "rms_norm_eps": f"{a}.attention.layer_norm_rms_epsilon",
+                "rope_theta": f"{a}.rope.freq_base"}
+        return check_numbers(ModelConfig(
             arch=a, vocab_size=vocab, hidden_size=hidden, intermediate_size=self._count(f"{a}.feed_forward_length"),
             n_layers=n_layers, n_heads=n_heads,
             n_kv_heads=self._count(f"{a}.attention.head_count_kv", n_heads),
@@ -115,7 +119,7 @@ class GGUFFile:
             qkv_bias="blk.0.attn_q.bias" in self.tensors, o_bias="blk.0.attn_output.bias" in self.tensors,
             mlp_bias="blk.0.ffn_up.bias" in self.tensors, qk_norm="blk.0.attn_q_norm.weight" in self.tensors,
             sliding_window=None, eos_token_ids=() if eos is None else (int(eos),),
-            bos_token_id=self._field("tokenizer.ggml.bos_token_id", None))
+            bos_token_id=self._field("tokenizer.ggml.bos_token_id", None)), str(self.path), keys)
 
     def tokenizer(self) -> Tokenizer | None:
         """The file's tokenizer, or None when its metadata has none (prompts are then token ids)."""
@@ -146,6 +150,9 @@ class GGUFFile:
         if fmt is None:
             return None
         w = Q.from_blocks(np.asarray(t.data), fmt, *shape)
+        for scales in (w.d, w.m):  # a block's float16 scale (and minimum): an Inf or NaN there spoils its row
+            if scales is not None:
+                finite(scales, str(self.path), g)
         if self.arch == "llama" and g.endswith(("attn_q.weight", "attn_k.weight")):
             heads = self.cfg.n_heads if g.endswith("attn_q.weight") else self.cfg.n_kv_heads
             w = w.rows(lambda a: _unpermute(a, heads))
@@ -165,7 +172,7 @@ class GGUFFile:
         except NotImplementedError:
             raise WeightError(f"{self.path}: tensor {g!r} has type {t.tensor_type.name}, which the gguf package "
                               "cannot dequantize") from None
-        w = torch.from_numpy(np.array(w, dtype=np.float32).reshape(shape))  # a copy: the file stays read-only
+        w = finite(torch.from_numpy(np.array(w, dtype=np.float32).reshape(shape)), str(self.path), g)  # a copy
         if self.arch == "llama" and g.endswith(("attn_q.weight", "attn_k.weight")):
             w = _unpermute(w, self.cfg.n_heads if g.endswith("attn_q.weight") else self.cfg.n_kv_heads)
         return w.to(dtype)

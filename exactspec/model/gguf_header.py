@@ -119,5 +119,7 @@ def _check(c: _Cursor, sizes, qtype) -> None:
         data.append((name, c.u64(f"tensor {name!r}'s offset"), size))
     start = -(-c.at // align) * align  # the tensor data, aligned after the header
     for name, offset, nbytes in data:
+        if offset % align:  # llama.cpp refuses it too: every tensor starts on the file's alignment
+            raise c.fail(f"tensor {name!r}: data offset {offset} is not a multiple of general.alignment ({align})")
         if start + offset + nbytes > c.size:
             raise c.fail(f"tensor {name!r}: its {nbytes} bytes at data offset {offset} run past the end of the file")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
@@ -56,4 +57,14 @@ class TensorStore:
                               f"config.json implies {tuple(shape)}")
         if not t.is_floating_point():
             raise WeightError(f"{self.where[name]}: tensor {name!r} has dtype {t.dtype}, expected a float type")
-        return t.to(dtype)
+        return finite(t.to(dtype) if t.dtype != dtype else t, str(self.where[name]), name)
+
+
+def finite(t, where: str, name: str):
+    """`t` (a tensor or array), or WeightError if it holds a NaN or an infinity: one vectorized pass
+    at load, never garbage tokens later."""
+    ok = bool(torch.isfinite(t).all()) if isinstance(t, torch.Tensor) else bool(np.isfinite(t).all())
+    if not ok:
+        n = int((~torch.isfinite(t)).sum()) if isinstance(t, torch.Tensor) else int((~np.isfinite(t)).sum())
+        raise WeightError(f"{where}: tensor {name!r} holds {n} NaN or infinite values")
+    return t

@@ -23,6 +23,7 @@ import json
 import logging
 import secrets
 import sys
+import threading
 import time
 import uuid
 from typing import Any
@@ -104,7 +105,8 @@ class Server:
     def _check_body(self, r: _Sampling, best_of: int) -> None:
         refuse_unsupported(r)
         if not 1 <= r.n <= best_of <= self.opts.max_n:
-            raise APIError(400, f"n={r.n}, best_of={best_of}: need 1 <= n <= best_of <= {self.opts.max_n}", param="n")
+            raise APIError(400, f"n={r.n}, best_of={best_of}: need 1 <= n <= best_of <= {self.opts.max_n}",
+                           param="best_of" if 1 <= r.n <= self.opts.max_n else "n")
         if r.stream and best_of > r.n:
             raise APIError(400, "best_of > n cannot stream (the best are known only at the end)", param="best_of")
         if r.model is not None and r.model != self.name:
@@ -119,12 +121,29 @@ class Server:
             raise APIError(503, f"{e}; retry later", "server_error") from None
         return await asyncio.wrap_future(fut)
 
-    def _chat_prompt(self, r: ChatRequest) -> list[int]:
-        """Template rendering and tokenizing, in a worker thread (both can be slow)."""
+    def _chat_prompt(self, r: ChatRequest, cancelled=None) -> list[int]:
+        """Template rendering and tokenizing, in a worker thread (both can be slow); `cancelled()`
+        true stops the rendering (the client left)."""
         messages = [{"role": msg.role, "content": msg.text(), **({"name": msg.name} if msg.name else {})}
                     for msg in r.messages]
-        text = chat.render(self.model.tokenizer.config, messages, max_chars=self.opts.max_prompt_chars)
+        text = chat.render(self.model.tokenizer.config, messages, max_chars=self.opts.max_prompt_chars,
+                           cancelled=cancelled)
         return self.model.encode_text(text)
+
+    async def _while_connected(self, http: HTTPRequest, fn, *args):
+        """fn(*args, cancelled) in a worker thread; cancelled() turns true once the client hangs up."""
+        left = threading.Event()
+
+        async def watch() -> None:
+            while not left.is_set():
+                await asyncio.sleep(0.25)
+                if await http.is_disconnected():
+                    left.set()
+        watcher = asyncio.ensure_future(watch())
+        try:
+            return await asyncio.to_thread(fn, *args, left.is_set)
+        finally:
+            watcher.cancel()
 
     async def _respond(self, kind: str, r: _Sampling, reqs: list[Request], http: HTTPRequest,
                        want_lp: bool = False, echo: bool = False):
@@ -199,7 +218,7 @@ class Server:
 
         @app.post("/v1/completions")
         async def completions(r: CompletionRequest, http: HTTPRequest) -> Any:
-            best_of = r.best_of or r.n
+            best_of = r.best_of if r.best_of is not None else r.n
             self._check_body(r, best_of)
             if r.logprobs is not None and r.logprobs < 0:
                 raise APIError(400, f"logprobs={r.logprobs}: must be >= 0", param="logprobs")
@@ -228,7 +247,7 @@ class Server:
             self._check_body(r, r.n)
             if r.top_logprobs is not None and not r.logprobs:
                 raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
-            prompt = await asyncio.to_thread(self._chat_prompt, r)
+            prompt = await self._while_connected(http, self._chat_prompt, r)
             limit = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens  # 0 is a limit
             predicted = r.predicted()
             if len(predicted) > self.opts.max_prompt_chars:

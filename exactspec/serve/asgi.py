@@ -23,7 +23,9 @@ from .metrics import Metrics
 from .options import ServeOptions
 from .protocol import error_body
 
-_HOOKS = ("connection_made", "handle_events", "on_response_complete", "connection_lost")
+_HOOKS = ("connection_made", "handle_events", "on_response_complete", "connection_lost", "shutdown")
+MAX_HEADER_BYTES = 16 * 1024  # the request line and headers (431 above)
+DRAIN_BYTES = 64 << 20  # of a refused body, read and dropped before the 413 (a client that writes it all first)
 _missing = [h for h in _HOOKS if not callable(getattr(H11Protocol, h, None))]
 if _missing:  # pragma: no cover - an untested uvicorn
     raise ImportError(f"uvicorn's H11Protocol has no {', '.join(_missing)}: this uvicorn is not one exactspec's read "
@@ -32,6 +34,7 @@ if _missing:  # pragma: no cover - an untested uvicorn
 
 class ReadTimeoutH11(H11Protocol):
     read_timeout_s: float = 15.0
+    linger_s: float = 2.0  # after a shutdown signal, before an idle keep-alive connection is closed
 
     def _arm(self) -> None:
         self._disarm()
@@ -70,6 +73,21 @@ class ReadTimeoutH11(H11Protocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def shutdown(self) -> None:
+        """A shutdown signal: an idle keep-alive connection stays open `linger_s` more, so a request
+        already on its way gets the documented JSON 503 (Guard) rather than a closed socket; busy ones
+        close after their response (uvicorn's own)."""
+        if self.cycle is None or self.cycle.response_complete:
+            self._disarm()
+            self._read_timer = self.loop.call_later(self.linger_s, self._close_idle)
+        else:
+            super().shutdown()
+
+    def _close_idle(self) -> None:
+        self._read_timer = None
+        if not self.transport.is_closing():
+            super().shutdown()  # idle: closes now; a request in flight: closes after its response
+
 
 class Guard:
     """ASGI middleware: the API key (401, constant-time compare) and the per-route request count
@@ -83,6 +101,15 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         status = []
+        heads = scope.get("headers") or []
+        size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + \
+            sum(len(k) + len(v) + 4 for k, v in heads)
+        if size > MAX_HEADER_BYTES:  # h11's own limit bites only on headers split across reads
+            resp = JSONResponse(error_body(f"request line and headers exceed {MAX_HEADER_BYTES} bytes",
+                                           "invalid_request_error"), status_code=431, headers={"Connection": "close"})
+            await resp(scope, receive, send)
+            self.metrics.requests.labels("(headers too large)", "431").inc()
+            return
 
         async def send_status(msg):
             if msg["type"] == "http.response.start":
@@ -135,13 +162,31 @@ class BodyLimit:
             if not msg.get("more_body"):
                 break
         if too_big:
+            headers = dict(scope.get("headers") or [])
+            if headers.get(b"expect", b"").lower() != b"100-continue":  # a client that sends it all first
+                await _drain(receive, DRAIN_BYTES - n, chunks)  # reads the answer once it is sent: no reset
             resp = JSONResponse(error_body(f"request body exceeds {self.limit} bytes", "invalid_request_error"),
-                                status_code=413)
+                                status_code=413, headers={"Connection": "close"})
             return await resp(scope, receive, send)
 
         async def replay():
             return chunks.pop(0) if chunks else await receive()
         await self.app(scope, replay, send)
+
+
+async def _drain(receive, budget: int, seen: list) -> None:
+    """Read and drop a refused body (up to `budget` bytes) so the 413 is not lost to a reset: a
+    socket closed with unread data answers the client's further writes with RST (nginx's lingering
+    close does the same). The read timeout bounds the time."""
+    if seen and (seen[-1].get("type") != "http.request" or not seen[-1].get("more_body")):
+        return  # the whole body is in already
+    while budget > 0:
+        msg = await receive()
+        if msg["type"] != "http.request":
+            return
+        budget -= len(msg.get("body", b""))
+        if not msg.get("more_body"):
+            return
 
 
 def uvicorn_config(app, host: str, port: int, opts: ServeOptions):
@@ -151,7 +196,7 @@ def uvicorn_config(app, host: str, port: int, opts: ServeOptions):
     return uvicorn.Config(app, host=host, port=port, log_level="warning",
                           timeout_graceful_shutdown=opts.shutdown_grace + 5,  # our drain ends streams before it
                           timeout_keep_alive=max(1, round(opts.keep_alive)), limit_concurrency=opts.max_connections,
-                          h11_max_incomplete_event_size=16 * 1024, http=proto)
+                          h11_max_incomplete_event_size=MAX_HEADER_BYTES, http=proto)
 
 
 class DrainingServer(uvicorn.Server):

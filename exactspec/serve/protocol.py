@@ -61,19 +61,39 @@ def _utf8(v):
     return v
 
 
+def _no_surrogates(v, where: str) -> None:
+    """400 for a lone surrogate anywhere in a JSON value (strings, list items, object keys and values)."""
+    stack = [(v, where)]
+    while stack:
+        x, at = stack.pop()
+        if isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise APIError(400, f"{at}: not valid Unicode text (a lone surrogate at character {e.start})",
+                               param=at) from None
+        elif isinstance(x, list):
+            stack += [(y, f"{at}.{i}") for i, y in enumerate(x)]
+        elif isinstance(x, dict):
+            stack += [(k, at) for k in x] + [(y, f"{at}.{k}") for k, y in x.items()]
+
+
+# Every body model is strict, as OpenAI's API is: an integer is a number too, nothing else is coerced
+# ("5" is not 5, true is not 1, 1 is not true).
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool | None = None  # a last chunk with the usage
     include_obfuscation: bool | None = None  # random padding in each chunk (OpenAI's default; ours: off)
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="allow")  # kept to be named: refuse_unsupported refuses what it does not know
+    # extra fields kept to be named: refuse_unsupported refuses what it does not know
+    model_config = ConfigDict(extra="allow", strict=True)
 
-    _check_stop = field_validator("stop")(_utf8)
-    model: str | None = None
+    _check_stop = field_validator("stop", "model")(_utf8)
+    model: str | None = None  # absent: the served model; null is refused (as OpenAI does)
     max_tokens: int | None = None
-    temperature: float = 1.0
+    temperature: float = Field(1.0, le=2.0)  # OpenAI's range: 0..2
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
@@ -86,6 +106,14 @@ class _Sampling(BaseModel):
     ignore_eos: bool = False  # vLLM's extension: keep going past EOS until max_tokens
     cache_salt: str | None = Field(None, max_length=256)  # vLLM's: the prefix cache shares only within one salt
     _check_salt = field_validator("cache_salt")(_utf8)
+
+    @model_validator(mode="after")
+    def _no_null_model_nor_empty_stop(self) -> "_Sampling":
+        if "model" in self.model_fields_set and self.model is None:
+            raise ValueError("model: must be a string (the served model's name), not null")
+        if self.stop == "" or isinstance(self.stop, list) and "" in self.stop:
+            raise ValueError("stop: an empty stop string (it would match before any text)")
+        return self
 
     @property
     def include_usage(self) -> bool:
@@ -116,7 +144,7 @@ class CompletionRequest(_Sampling):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")  # an image part's fields: named in the refusal below
+    model_config = ConfigDict(extra="allow", strict=True)  # an image part's fields: named in the refusal below
     type: str
     text: str | None = None
     _check_text = field_validator("text")(_utf8)
@@ -138,7 +166,7 @@ def _text(content: str | list[ContentPart] | None) -> str:
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "developer", "user", "assistant"]  # tool messages: tools are not supported
     content: str | list[ContentPart] | None = None
     name: str | None = Field(None, max_length=256)  # given to the chat template, as transformers does
@@ -154,6 +182,8 @@ class ChatMessage(BaseModel):
         for f in ("tool_calls", "function_call", "audio", "refusal"):
             if getattr(self, f) is not None:
                 raise ValueError(f"'{f}' in a message is not supported by this server")
+        if self.content is None:
+            raise ValueError(f"a {self.role} message needs 'content' (a string or a list of text parts)")
         return self
 
     def text(self) -> str:
@@ -162,7 +192,7 @@ class ChatMessage(BaseModel):
 
 class Prediction(BaseModel):
     """OpenAI's Predicted Outputs: text the answer is expected to repeat (a file it edits). Drafts."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["content"]
     content: str | list[ContentPart]
     _check_content = field_validator("content")(_utf8)
@@ -195,6 +225,8 @@ def refuse_unsupported(r: BaseModel) -> None:
     """400 for a field set to what we cannot honour, and for a field OpenAI's API does not define
     (as OpenAI answers: a misspelt `temprature` must not pass as the default)."""
     for name, v in (r.model_extra or {}).items():
+        _no_surrogates(name, "a request argument's name")
+        _no_surrogates(v, name)
         if name in UNSUPPORTED and v not in UNSUPPORTED[name]:
             raise APIError(400, f"{name}={v!r} is not supported by this server", param=name)
         if name not in UNSUPPORTED and name not in INFORMATIONAL:

@@ -5,6 +5,7 @@ best_of) or `stream` (SSE; several choices interleaved with their index))."""
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 import time
 import uuid
@@ -33,11 +34,25 @@ class Generation:
         self.q: asyncio.Queue[Event] = asyncio.Queue()
         self.job = Job(req, self._event)
         self.lp: list = []  # TokenLogprobs of the tokens received, when the request asks for them
-        self.completion_tokens = 0  # tokens this client was given (up to a stop string)
+        self.tokens: list[int] = []  # the tokens this client was given (through the one that ends a stop string)
         self.cached_tokens = 0  # prompt tokens that came from the prefix cache
-        self.predicted = (0, 0)  # the prediction's draft tokens accepted, rejected
         self.first_token_at: float | None = None
         self.finish_reason: str | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def predicted(self) -> tuple[int, int]:
+        """The prediction's tokens that appear in the answer, and those that do not (OpenAI's
+        accepted/rejected_prediction_tokens): matched by difflib on the two token lists, so the count
+        is a function of the request and its answer, never of how the drafts went."""
+        pred = self.job.req.prediction
+        if not pred:
+            return 0, 0
+        same = sum(b.size for b in difflib.SequenceMatcher(None, pred, self.tokens, autojunk=False).get_matching_blocks())
+        return same, len(pred) - same
 
     def _event(self, ev: Event) -> None:  # engine thread
         try:
@@ -69,9 +84,9 @@ class Generation:
                 if ev.tokens:
                     if self.first_token_at is None:
                         self.first_token_at = time.perf_counter()
-                    self.completion_tokens += len(ev.tokens)
-                    self.lp += ev.logprobs or []
-                    text, hit = stop.feed(dec.push(ev.tokens))
+                    text, used, hit = _through_stop(dec, stop, ev.tokens)
+                    self.tokens += ev.tokens[:used]
+                    self.lp += (ev.logprobs or [])[:used]
                     if text:
                         yield text
                     if hit:
@@ -83,7 +98,6 @@ class Generation:
                 if ev.finish_reason is not None:
                     if ev.stats is not None:
                         self.cached_tokens = ev.stats.cached_tokens
-                        self.predicted = (ev.stats.prediction_accepted, ev.stats.prediction_rejected)
                     text, hit = stop.feed(dec.flush())
                     text += "" if hit else stop.flush()
                     if text:
@@ -101,6 +115,22 @@ class Generation:
                     m.ttft.observe(self.first_token_at - self.job.created)
 
 
+
+
+def _through_stop(dec: StreamDecoder, stop: StopMatcher, tokens: list[int]) -> tuple[str, int, bool]:
+    """The text of `tokens` up to a stop string, how many of them it took, and whether one was hit. With stop strings the
+    tokens go through one at a time, as plain decoding delivers them, so the cut (and with it the
+    logprobs and usage counted) is the token that completes the stop string, however many tokens a
+    verified draft brought in one step."""
+    if not stop.stops:
+        return stop.feed(dec.push(tokens))[0], len(tokens), False
+    out = []
+    for i, t in enumerate(tokens):
+        text, hit = stop.feed(dec.push([t]))
+        out.append(text)
+        if hit:
+            return "".join(out), i + 1, True
+    return "".join(out), len(tokens), False
 
 
 async def _collect(pieces: AsyncIterator[str]) -> str:

@@ -2,7 +2,9 @@
 (sandboxed, trim_blocks, lstrip_blocks, `raise_exception`, add_generation_prompt)."""
 from __future__ import annotations
 
+import sys
 from functools import lru_cache
+from typing import Callable
 
 import jinja2
 from jinja2.exceptions import SecurityError
@@ -64,11 +66,51 @@ def template_source(tokenizer_config: dict) -> str | None:
     return t if isinstance(t, str) else None
 
 
+MAX_STEPS = 2_000_000  # lines of template code one rendering may run (a long chat: ~10-100 thousand)
+
+
+class _Budget:
+    """Counts the lines the template's own code runs and the Python calls it makes (a trace function on
+    this thread) and stops the rendering past `steps`, or as soon as `cancelled()` says the client left.
+    Steps, not seconds: whether a template renders is a function of the request, not of the load."""
+
+    def __init__(self, steps: int, cancelled: Callable[[], bool] | None):
+        self.left, self.cancelled = steps, cancelled
+
+    def _line(self, frame, event, arg):
+        if event == "line":
+            self.left -= 1
+            if self.left < 0:
+                raise SecurityError("the template ran more than its budget of steps")
+            if self.left % 4096 == 0 and self.cancelled is not None and self.cancelled():
+                raise _Cancelled()
+        return self._line
+
+    def trace(self, frame, event, arg):  # 'call' events (any function the template calls is a step too)
+        self._line(frame, "line", arg)  # and the lines of template code only
+        return self._line if frame.f_code.co_filename == "<template>" else None
+
+    def __enter__(self):
+        self.saved = sys.gettrace()
+        sys.settrace(self.trace)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(self.saved)
+
+
+class _Cancelled(Exception):
+    pass
+
+
 def render(tokenizer_config: dict, messages: list[dict], add_generation_prompt: bool = True,
-           max_chars: int | None = None) -> str:
+           max_chars: int | None = None, max_steps: int = MAX_STEPS,
+           cancelled: Callable[[], bool] | None = None) -> str:
     """The chat prompt as text. Errors: TemplateError (400: the template refused these messages
-    with raise_exception, could not render them, or rendered more than `max_chars`);
-    ChatTemplateBroken (the model's template itself does not compile: the server's fault)."""
+    with raise_exception, could not render them, rendered more than `max_chars`, or ran more than
+    `max_steps` lines of its code: nested loops cannot pin a core); ChatTemplateBroken (the model's
+    template itself does not compile: the server's fault). `cancelled()` true (the client left) stops
+    the rendering with TemplateError too."""
     source = template_source(tokenizer_config)
     if source is None:
         raise TemplateError("this model's tokenizer_config.json has no chat_template; use /v1/completions",
@@ -79,15 +121,19 @@ def render(tokenizer_config: dict, messages: list[dict], add_generation_prompt: 
         raise ChatTemplateBroken(f"the model's chat template does not compile: {e}") from None
     out, n = [], 0
     try:  # rendered piece by piece, so a template cannot build a huge string before the limit bites
-        for piece in template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
-                                       bos_token=_token(tokenizer_config, "bos_token"),
-                                       eos_token=_token(tokenizer_config, "eos_token")):
-            n += len(piece)
-            if max_chars is not None and n > max_chars:
-                raise TemplateError(f"messages: the rendered chat prompt exceeds {max_chars} characters", "messages")
-            out.append(piece)
+        with _Budget(max_steps, cancelled):
+            for piece in template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
+                                           bos_token=_token(tokenizer_config, "bos_token"),
+                                           eos_token=_token(tokenizer_config, "eos_token")):
+                n += len(piece)
+                if max_chars is not None and n > max_chars:
+                    raise TemplateError(f"messages: the rendered chat prompt exceeds {max_chars} characters",
+                                        "messages")
+                out.append(piece)
     except TemplateError:
         raise
+    except _Cancelled:
+        raise TemplateError("messages: the client left while the chat template rendered", "messages") from None
     except (jinja2.TemplateError, TypeError, ValueError, OverflowError, MemoryError, RecursionError,
             AttributeError, KeyError, IndexError) as e:  # the template could not render these messages
         raise TemplateError(f"messages: the chat template cannot render them ({type(e).__name__}: "

@@ -70,7 +70,7 @@ def build(field: Field, where: str) -> tuple[Tokenizer, dict]:
         tok = _byte_level(field, tokens, merges, where)
         add_bos = bool(field("tokenizer.ggml.add_bos_token", False))
     elif kind == "llama":
-        tok = _sentencepiece(field, tokens, merges, special_id["unknown"])
+        tok = _sentencepiece(field, tokens, merges, special_id["unknown"], where)
         add_bos = bool(field("tokenizer.ggml.add_bos_token", True))
     else:
         raise UnsupportedModelError(f"{where}: tokenizer.ggml.model={kind!r} is not supported (gpt2, llama)")
@@ -103,8 +103,7 @@ def _byte_level(field: Field, tokens: list[str], merges, where: str) -> Tokenize
     vocab = {}
     for i, t in enumerate(tokens):  # a token outside the byte alphabet (rare) is respelled in it
         vocab.setdefault(t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8")), i)
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    tok = Tokenizer(_bpe(vocab, _pairs(merges, where), where, fuse_unk=False, byte_fallback=False))
     split = SPLITS[pre]
     if split is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -115,17 +114,37 @@ def _byte_level(field: Field, tokens: list[str], merges, where: str) -> Tokenize
     return tok
 
 
-def _sentencepiece(field: Field, tokens: list[str], merges, unk_id) -> Tokenizer:
+def _pairs(merges, where: str) -> list[tuple[str, str]]:
+    """tokenizer.ggml.merges as (left, right) pairs: each entry two pieces joined by one space."""
+    out = []
+    for i, m in enumerate(merges):
+        parts = m.split(" ") if isinstance(m, str) else ()
+        if len(parts) != 2 or not all(parts):
+            raise CheckpointError(f"{where}: tokenizer.ggml.merges[{i}] is {m!r}, not two pieces joined by a space")
+        out.append((parts[0], parts[1]))
+    return out
+
+
+def _bpe(vocab: dict[str, int], pairs: list[tuple[str, str]], where: str, **kw) -> models.BPE:
+    """The BPE model, or CheckpointError when the merges do not fit the vocabulary (the tokenizers
+    library raises a bare Exception: "Token 'x' out of vocabulary")."""
+    try:
+        return models.BPE(vocab=vocab, merges=pairs, **kw)
+    except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception
+        raise CheckpointError(f"{where}: tokenizer.ggml.merges do not fit tokenizer.ggml.tokens ({e})") from None
+
+
+def _sentencepiece(field: Field, tokens: list[str], merges, unk_id, where: str) -> Tokenizer:
     vocab = {}
     for i, t in enumerate(tokens):
         vocab.setdefault(t, i)
     if merges:
-        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        pairs = _pairs(merges, where)
     else:
         scores = field("tokenizer.ggml.scores", None) or [0.0] * len(tokens)
         pairs = _merges_from_scores(tokens, vocab, scores)
     unk = tokens[int(unk_id)] if unk_id is not None else None
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    tok = Tokenizer(_bpe(vocab, pairs, where, unk_token=unk, fuse_unk=True, byte_fallback=True))
     prefix = bool(field("tokenizer.ggml.add_space_prefix", True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first" if prefix else "never",
                                                  split=False)

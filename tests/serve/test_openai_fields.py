@@ -59,9 +59,9 @@ def test_message_name_reaches_the_chat_template(serve, model):
     seen = []
     real = s.srv._chat_prompt
 
-    def spy(r):
+    def spy(r, cancelled=None):
         seen.append([m.name for m in r.messages])
-        return real(r)
+        return real(r, cancelled)
     s.srv._chat_prompt = spy
     r = post(s.url + "/v1/chat/completions", json={**CHAT, "messages": [{"role": "user", "content": "hi", "name": "a"}]})
     assert r.status_code == 200 and seen == [["a"]]
