@@ -107,13 +107,19 @@ class _Sampling(BaseModel):
     cache_salt: str | None = Field(None, max_length=256)  # vLLM's: the prefix cache shares only within one salt
     _check_salt = field_validator("cache_salt")(_utf8)
 
-    @model_validator(mode="after")
-    def _no_null_model_nor_empty_stop(self) -> "_Sampling":
-        if "model" in self.model_fields_set and self.model is None:
-            raise ValueError("model: must be a string (the served model's name), not null")
-        if self.stop == "" or isinstance(self.stop, list) and "" in self.stop:
-            raise ValueError("stop: an empty stop string (it would match before any text)")
-        return self
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_not_null(cls, v):
+        if v is None:  # absent is fine (the served model); an explicit null is refused, as OpenAI does
+            raise ValueError("must be a string (the served model's name), not null")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop(cls, v):
+        if v == "" or isinstance(v, list) and "" in v:
+            raise ValueError("an empty stop string would match before any text")
+        return v
 
     @property
     def include_usage(self) -> bool:

@@ -103,7 +103,7 @@ def _byte_level(field: Field, tokens: list[str], merges, where: str) -> Tokenize
     vocab = {}
     for i, t in enumerate(tokens):  # a token outside the byte alphabet (rare) is respelled in it
         vocab.setdefault(t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8")), i)
-    tok = Tokenizer(_bpe(vocab, _pairs(merges, where), where, fuse_unk=False, byte_fallback=False))
+    tok = Tokenizer(_bpe(vocab, _pairs(merges, vocab, where), where, fuse_unk=False, byte_fallback=False))
     split = SPLITS[pre]
     if split is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -114,23 +114,30 @@ def _byte_level(field: Field, tokens: list[str], merges, where: str) -> Tokenize
     return tok
 
 
-def _pairs(merges, where: str) -> list[tuple[str, str]]:
-    """tokenizer.ggml.merges as (left, right) pairs: each entry two pieces joined by one space."""
+def _pairs(merges, vocab: dict[str, int], where: str) -> list[tuple[str, str]]:
+    """tokenizer.ggml.merges as (left, right) pairs: each entry two pieces joined by one space, both
+    pieces and their join in the vocabulary (the tokenizers library panics or raises a bare
+    Exception deep inside otherwise)."""
     out = []
     for i, m in enumerate(merges):
         parts = m.split(" ") if isinstance(m, str) else ()
         if len(parts) != 2 or not all(parts):
             raise CheckpointError(f"{where}: tokenizer.ggml.merges[{i}] is {m!r}, not two pieces joined by a space")
+        missing = next((p for p in (*parts, parts[0] + parts[1]) if p not in vocab), None)
+        if missing is not None:
+            raise CheckpointError(f"{where}: tokenizer.ggml.merges[{i}] ({m!r}) needs the token {missing!r}, which "
+                                  "tokenizer.ggml.tokens does not have")
         out.append((parts[0], parts[1]))
     return out
 
 
 def _bpe(vocab: dict[str, int], pairs: list[tuple[str, str]], where: str, **kw) -> models.BPE:
-    """The BPE model, or CheckpointError when the merges do not fit the vocabulary (the tokenizers
-    library raises a bare Exception: "Token 'x' out of vocabulary")."""
+    """The BPE model, or CheckpointError if the tokenizers library refuses it anyway."""
     try:
         return models.BPE(vocab=vocab, merges=pairs, **kw)
-    except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception
+    except BaseException as e:  # its errors are a bare Exception or a pyo3 PanicException (a BaseException)
+        if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+            raise
         raise CheckpointError(f"{where}: tokenizer.ggml.merges do not fit tokenizer.ggml.tokens ({e})") from None
 
 
@@ -139,7 +146,7 @@ def _sentencepiece(field: Field, tokens: list[str], merges, unk_id, where: str) 
     for i, t in enumerate(tokens):
         vocab.setdefault(t, i)
     if merges:
-        pairs = _pairs(merges, where)
+        pairs = _pairs(merges, vocab, where)
     else:
         scores = field("tokenizer.ggml.scores", None) or [0.0] * len(tokens)
         pairs = _merges_from_scores(tokens, vocab, scores)

@@ -230,3 +230,71 @@ def test_a_config_with_a_million_layers_is_refused_before_allocating(ckpt, tmp_p
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(exactspec.InvalidRequest, match="the weights of 1000000 layers needs .* GB available"):
         exactspec.load(folder)
+
+
+def _tensor_info(raw: bytearray, name: str) -> int:
+    """Where tensor `name`'s info continues after its name (n_dims, dims, type, offset)."""
+    import struct
+    key = name.encode()
+    return raw.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+
+
+@pytest.mark.parametrize("case,exc,needle", [
+    ("nan weight", WeightError, r"m.gguf: tensor 'blk\.0\.ffn_up\.weight' holds 1 NaN or infinite values"),
+    ("inf norm", WeightError, r"m.gguf: tensor 'blk\.1\.attn_norm\.weight' holds 1 NaN or infinite values"),
+    ("inf q8_0 scale", WeightError, r"m.gguf: tensor 'blk\.0\.attn_q\.weight' holds \d+ NaN or infinite values"),
+    ("nan rope base", CheckpointError, r"m.gguf: llama\.rope\.freq_base is nan; expected a finite number > 0"),
+    ("negative eps", CheckpointError, r"m.gguf: llama\.attention\.layer_norm_rms_epsilon is -1\.0; expected a finite"),
+    ("kv heads", CheckpointError, r"m.gguf: llama\.attention\.head_count_kv is 3; the 4 query heads "
+                                  r"\(llama\.attention\.head_count\) must be a whole multiple of it"),
+    ("misaligned", CheckpointError, r"tensor 'blk\.0\.attn_norm\.weight': data offset \d+ is not a multiple of "
+                                    r"general\.alignment \(32\)"),
+])
+def test_impossible_numbers_are_named_at_load(tmp_path, case, exc, needle):
+    """Issue 40: NaN weights (greedy gave [0, 0, 0, 0]), an Inf norm weight or Q8_0 scale, a NaN RoPE base,
+    a negative epsilon, KV heads that do not divide the heads, a misaligned tensor: loaded silently
+    before; each a named error at load now."""
+    import struct
+    hf = random_model("llama", hidden=64)
+    types = {"attn_q.weight": gguf.GGMLQuantizationType.Q8_0}
+    if case == "nan weight":
+        with torch.no_grad():
+            hf.model.layers[0].mlp.up_proj.weight[3, 5] = float("nan")
+    if case == "inf norm":
+        with torch.no_grad():
+            hf.model.layers[1].input_layernorm.weight[7] = float("inf")
+    path = write_gguf(hf, tmp_path / "m.gguf", types=types)
+    raw = bytearray(path.read_bytes())
+    if case == "inf q8_0 scale":  # the first block's float16 scale of blk.0.attn_q: +Inf
+        info = _tensor_info(raw, "blk.0.attn_q.weight")
+        offset = struct.unpack_from("<Q", raw, info + 4 + 16 + 4)[0]
+        end = max(_tensor_info(raw, t.name) for t in gguf.GGUFReader(str(path)).tensors)
+        start = -(-(end + 4 + 16 + 4 + 8) // 32) * 32  # the data section: after the last info, aligned
+        struct.pack_into("<H", raw, start + offset, 0x7C00)
+    elif case == "misaligned":
+        info = _tensor_info(raw, "blk.0.attn_norm.weight")  # 1 dim: n_dims, dim, type, offset
+        offset = struct.unpack_from("<Q", raw, info + 4 + 8 + 4)[0]
+        struct.pack_into("<Q", raw, info + 4 + 8 + 4, offset + 4)
+    path.write_bytes(bytes(raw))
+    if case == "nan rope base":
+        _patch_field(path, "llama.rope.freq_base", "<f", float("nan"))
+    elif case == "negative eps":
+        _patch_field(path, "llama.attention.layer_norm_rms_epsilon", "<f", -1.0)
+    elif case == "kv heads":
+        _patch_field(path, "llama.attention.head_count_kv", "<I", 3)
+    with pytest.raises(exc, match=needle):
+        exactspec.load(path)
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused(tmp_path, ckpt):
+    """Issue 40: 49652 tokens over 49152 embedding rows loaded; a token past the rows has no embedding."""
+    folder = ckpt("llama")
+    hf = random_model("llama")
+    path = write_gguf(hf, tmp_path / "m.gguf", tokenizer_folder=folder)
+    n = hf.config.vocab_size
+    _patch_field(path, "llama.vocab_size", "<I", n - 50)
+    raw = bytearray(path.read_bytes())
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=rf"m.gguf: the tokenizer has token ids up to \d+, but the model has "
+                                              rf"{n - 50} embedding rows|token_embd.weight' has shape"):
+        exactspec.load(path)

@@ -296,6 +296,36 @@ HOSTILE = [  # (path, raw JSON body, status, needle in the message, param) -- is
      "function_call", "function_call"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "parallel_tool_calls": true}',
      400, "parallel_tool_calls", "parallel_tool_calls"),
+    # issue 40: lone surrogates anywhere (the 404 for an unknown model could not render its name: a 500)
+    ("/v1/completions", b'{"prompt": "a", "model": "x\\ud800"}', 400, "lone surrogate", "model"),
+    ("/v1/completions", b'{"prompt": "a", "user": "\\ud800"}', 400, "lone surrogate", "user"),
+    ("/v1/completions", b'{"prompt": "a", "metadata": {"k": "\\udc00"}}', 400, "lone surrogate", "metadata.k"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "safety_identifier": "\\ud800"}',
+     400, "lone surrogate", "safety_identifier"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "prompt_cache_key": ["\\ud800"]}',
+     400, "lone surrogate", "prompt_cache_key.0"),
+    # strict types, as OpenAI's API: nothing coerced but an integer for a number
+    ("/v1/completions", b'{"prompt": "a", "max_tokens": "5"}', 400, "valid integer", "max_tokens"),
+    ("/v1/completions", b'{"prompt": "a", "max_tokens": true}', 400, "valid integer", "max_tokens"),
+    ("/v1/completions", b'{"prompt": "a", "max_tokens": 5.0}', 400, "valid integer", "max_tokens"),
+    ("/v1/completions", b'{"prompt": "a", "temperature": "1"}', 400, "valid number", "temperature"),
+    ("/v1/completions", b'{"prompt": "a", "temperature": 3}', 400, "less than or equal to 2", "temperature"),
+    ("/v1/completions", b'{"prompt": "a", "n": "2"}', 400, "valid integer", "n"),
+    ("/v1/completions", b'{"prompt": "a", "seed": "7"}', 400, "valid integer", "seed"),
+    ("/v1/completions", b'{"prompt": "a", "logprobs": "1"}', 400, "valid integer", "logprobs"),
+    ("/v1/completions", b'{"prompt": "a", "echo": 1}', 400, "valid boolean", "echo"),
+    ("/v1/completions", b'{"prompt": "a", "stream": "yes"}', 400, "valid boolean", "stream"),
+    ("/v1/completions", b'{"prompt": "a", "model": null}', 400, "not null", "model"),
+    ("/v1/completions", b'{"prompt": "a", "best_of": 0}', 400, "best_of=0", "best_of"),
+    ("/v1/completions", b'{"prompt": "a", "stop": ""}', 400, "empty stop string", "stop"),
+    ("/v1/completions", b'{"prompt": "a", "stop": ["x", ""]}', 400, "empty stop string", "stop"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user"}]}', 400, "needs 'content'", "messages.0"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": null}]}', 400, "needs 'content'",
+     "messages.0"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": 1}', 400,
+     "valid boolean", "logprobs"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 2.5}', 400,
+     "less than or equal to 2", "temperature"),
 ]
 
 
@@ -367,3 +397,41 @@ def test_while_draining_new_requests_get_503(serve):
     assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
     h = get(s.url + "/health")
     assert h.status_code == 503 and h.json()["status"] == "shutting down"
+
+
+def test_headers_over_16_kb_get_431(serve):
+    """uvicorn's h11 limit bit only on headers split across reads: 17, 64, 100 KB in one write got 200."""
+    s = serve()
+    for kb in (17, 64, 100):
+        r = post(s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1}, headers={"x-pad": "p" * (kb << 10)})
+        assert r.status_code == 431 and "16384 bytes" in r.json()["error"]["message"], kb
+    r = post(s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1}, headers={"x-pad": "p" * 15000})
+    assert r.status_code == 200
+
+
+def test_a_20_mb_body_from_urllib_gets_its_413(serve):
+    """urllib writes the whole body before it reads: the server must read (and drop) what it refused,
+    or its close resets the connection under the client's writes."""
+    import urllib.error
+    import urllib.request
+    s = serve()
+    body = b'{"prompt": "' + b"x" * (20 << 20) + b'", "max_tokens": 2}'
+    req = urllib.request.Request(s.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code == 413 and b"exceeds 1048576 bytes" in e.value.read()
+
+
+def test_after_sigterm_an_idle_keep_alive_connection_gets_the_json_503(serve):
+    """uvicorn closes idle keep-alive connections at once on a shutdown signal, so a request already
+    on its way found the socket closed; they now linger 2 s, and such a request gets the 503."""
+    s = serve(ServeOptions(shutdown_grace=1.0))
+    with httpx.Client(timeout=30) as c:  # one connection, kept alive
+        assert c.post(s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1}).status_code == 200
+        s.uv.handle_exit(signal.SIGTERM, None)
+        time.sleep(0.3)  # uvicorn's shutdown has run over the connections
+        r = c.post(s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1})
+        assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
+        assert r.headers["connection"] == "close"
+    s.thread.join(15)
+    assert not s.thread.is_alive()

@@ -136,3 +136,17 @@ def test_bad_tokenizer_metadata_is_named(tmp_path):
     p = _writer(tmp_path / "z.gguf", "gpt2", ["a", "b"], [1])
     with pytest.raises(CheckpointError, match="token_type has 1 entries for 2 tokens"):
         _ours(p)
+
+
+def test_merges_that_do_not_hold_together_are_named(tmp_path):
+    """Issue 40: a merge that is not a pair ("abc"), and merges naming tokens the file does not have
+    (tokens cut short): the CLI ended in a traceback from the tokenizers library."""
+    p = _writer(tmp_path / "x.gguf", "gpt2", ["a", "b", "ab"], [1, 1, 1], ["a b", "abc"])
+    with pytest.raises(CheckpointError, match=r"x.gguf: tokenizer.ggml.merges\[1\] is 'abc', not two pieces"):
+        _ours(p)
+    p = _writer(tmp_path / "y.gguf", "gpt2", ["a", "b", "ab"], [1, 1, 1], ["a b", "ab c"])
+    with pytest.raises(CheckpointError, match=r"y.gguf: tokenizer.ggml.merges\[1\] \('ab c'\) needs the token 'c'"):
+        _ours(p)
+    p = _writer(tmp_path / "z.gguf", "llama", ["<unk>", "a", "b"], [2, 1, 1], ["a b c"])
+    with pytest.raises(CheckpointError, match=r"z.gguf: tokenizer.ggml.merges\[0\] is 'a b c'"):
+        _ours(p)
