@@ -68,3 +68,14 @@ def test_bad_predictions_are_named(ckpt):
     assert got[0].token_ids == ids and got[0].stats.prediction_accepted > 0
     with pytest.raises(exactspec.InvalidRequest, match="prediction: 2 predictions for 3 prompts"):
         m.generate_batch(PROMPTS, 4, prediction=[[1], [2]])
+
+
+def test_a_prediction_longer_than_the_context_is_cut_not_refused(ckpt):
+    """Issue 40: a hint, as OpenAI's API takes it: a prediction past the context was a 400."""
+    m = exactspec.load(ckpt("llama"), max_context=64)
+    want = m.generate(PROMPTS[0], 20, ignore_eos=True).token_ids
+    got = m.generate(PROMPTS[0], 20, ignore_eos=True, prediction=want * 10)  # 200 tokens, 64 positions
+    assert got.token_ids == want and got.stats.prediction_accepted > 0
+    with pytest.raises(exactspec.InvalidRequest, match="prediction: token id 99999 outside the vocabulary"):
+        m.generate([1, 2], 4, prediction=[3] * 10 + [99999])  # what stays is checked
+    m.generate([1, 2], 4, prediction=[3] * 100 + [99999])  # what is cut is not

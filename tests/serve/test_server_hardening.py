@@ -138,6 +138,8 @@ def test_chat_content_parts(serve, content, status, needle):
     ("{% for i in range(100000) %}{{ messages[0]['content'] }}{% endfor %}", 400, "exceeds"),
     ("{{ messages[0]['content'] + 1 }}", 400, "cannot render"),
     ("{% for %}", 500, "does not compile"),
+    # issue 40: nested loops that would render for hours: stopped by the step budget (a few seconds)
+    ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", 400, "budget of steps"),
 ])
 def test_chat_template_failures_say_whose_fault(serve, folder, tmp_path, template, status, needle):
     d = tmp_path / "m"
@@ -435,3 +437,31 @@ def test_after_sigterm_an_idle_keep_alive_connection_gets_the_json_503(serve):
         assert r.headers["connection"] == "close"
     s.thread.join(15)
     assert not s.thread.is_alive()
+
+
+def test_a_template_rendering_stops_when_its_client_leaves(serve, folder, tmp_path):
+    """The rendering runs in a worker thread; a client that hangs up stops it at its next 4096 steps,
+    so it does not pin a core (or delay shutdown) for the rest of its budget."""
+    from exactspec.text import chat
+    d = tmp_path / "m"
+    shutil.copytree(folder, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    loops = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
+    (d / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": loops}))
+    s = serve(model=exactspec.load(d))
+    seen, real = [], chat.render
+
+    def spy(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return real(*a, **{**kw, "max_steps": 10 ** 12})  # no budget: only the hang-up can stop it
+        finally:
+            seen.append(time.perf_counter() - t0)
+    chat.render = spy
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            post(s.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}, timeout=1.0)
+        s.until("the rendering stopped", lambda: seen)
+    finally:
+        chat.render = real
+    assert seen[0] < 5
