@@ -21,6 +21,7 @@ from .decode.loop import run_batch
 from .decode.stats import BatchStats, Stats
 from .decode.request import Limits, Request, check_prompt, make_request
 from .decode.sampling import SamplingParams, TokenLogprob, token_logprobs
+from . import receipt
 from .errors import CheckpointError, GenerationError, InvalidRequest, UnsupportedModelError
 from .model.cache import KV_DTYPES
 from .model.checkpoint import open_checkpoint
@@ -38,6 +39,15 @@ class GenerationResult:
     stats: Stats  # this sequence's figures
     batch: BatchStats  # the whole call's figures (one object shared by the results of a generate_batch)
     logprobs: list[TokenLogprob] | None = None  # per new token, when asked (logprobs=k)
+    request: Request | None = None  # the validated request it answers (its seed resolved)
+    model: "Model | None" = dataclasses.field(default=None, repr=False)
+
+    def receipt(self) -> dict:
+        """A receipt for this answer (exactspec/receipt.py): the model's identity, the numerics version,
+        the request and the output's token ids; `exactspec verify` replays it by plain decoding."""
+        if self.model is None or self.request is None:
+            raise InvalidRequest("this result carries no request to write a receipt for", "receipt")
+        return receipt.make(self.model, self.request, [(self.request.params.seed, self.token_ids, self.finish_reason)])
 
 
 class Model:
@@ -47,6 +57,7 @@ class Model:
         self._same_vocab: weakref.WeakSet = weakref.WeakSet()  # draft Models whose tokenizer matched ours
         self._pool: NgramPool | None = None  # draft="pool": the n-grams of this model's earlier sequences
         self._heads: dict[str | None, Head] = {}  # draft="head[:PATH]": loaded once
+        self.load_args: dict = {}  # how `load` was called (dtype, quantize, activations, kv_dtype): receipts
 
     def __getstate__(self) -> dict:  # Ray's object store (exactspec.serve.ray); a WeakSet does not pickle
         s = dict(self.__dict__)
@@ -185,7 +196,7 @@ class Model:
                 if piece := st.flush():
                     on_text(i, piece)
         results = [GenerationResult(s.generated, self.decode(s.generated), s.finish_reason, s.stats, batch,
-                                    s.logprobs if logprobs is not None else None) for s in seqs]
+                                    s.logprobs if logprobs is not None else None, r, self) for s, r in zip(seqs, reqs)]
         failed = [i for i, s in enumerate(seqs) if s.finish_reason == "error"]
         if failed:  # never a silently short answer: raise, the other sequences' results attached
             i, s = failed[0], seqs[failed[0]]
@@ -273,4 +284,6 @@ def load(path: str | Path, dtype: str = "auto", max_context: int | None = None, 
         raise UnsupportedModelError(f"kv_dtype={kv_dtype!r} is not supported ({', '.join(KV_DTYPES)})")
     c = open_checkpoint(path, dtype, max_context, quantize, activations)
     c.net.kv_dtype = kv_dtype
-    return Model(c.folder, c.cfg, c.net, c.tokenizer, c.eos)
+    m = Model(c.folder, c.cfg, c.net, c.tokenizer, c.eos)
+    m.load_args = {"dtype": dtype, "quantize": quantize, "activations": activations, "kv_dtype": kv_dtype}
+    return m

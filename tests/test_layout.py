@@ -14,7 +14,7 @@ LAYERS = [
     {"text"},
     {"model"},
     {"decode"},
-    {"api"},
+    {"api", "receipt"},
     {"hf"},
     {"serve"},
     {"cli", "demo", "fetch", "train", "head_train", "testing", "__init__"},

@@ -226,6 +226,9 @@ class Server:
             if len(prompts) > self.opts.max_prompts:
                 raise APIError(400, f"prompt: {len(prompts)} prompts; at most {self.opts.max_prompts} per request",
                                param="prompt")
+            if len(prompts) > 1 and r.receipt:
+                raise APIError(400, "receipt with several prompts is not supported: send one prompt per request",
+                               param="receipt")
             if len(prompts) > 1 and r.stream:
                 raise APIError(400, "stream with several prompts is not supported: send one prompt per request "
                                "(or stream=false)", param="stream")

@@ -104,6 +104,7 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = 1
     ignore_eos: bool = False  # vLLM's extension: keep going past EOS until max_tokens
+    receipt: bool = False  # ours: the answer carries a top-level `receipt` (exactspec/receipt.py)
     cache_salt: str | None = Field(None, max_length=256)  # vLLM's: the prefix cache shares only within one salt
     _check_salt = field_validator("cache_salt")(_utf8)
 
@@ -268,6 +269,13 @@ class Shapes:
         if self.obfuscate:  # OpenAI's stream_options.include_obfuscation: chunk sizes no longer tell the text's
             body["obfuscation"] = secrets.token_urlsafe(secrets.randbelow(12) + 1)
         return sse(body)
+
+
+    def extra(self, fields: dict) -> bytes:
+        """A chunk with no choices carrying `fields` (the receipt)."""
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return sse({"id": self.rid, "object": obj, "created": self.created, "model": self.model, "choices": [],
+                    **fields})
 
 
 def sse(payload: dict) -> bytes:

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, AsyncIterator
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from .. import receipt
 from ..decode.request import Request
 from ..decode.sampling import TokenLogprob
-from ..text.stream import StopMatcher, StreamDecoder
+from ..text.stream import StopCut
 from .engine import EngineDown, Event, Job
 from .protocol import DONE, APIError, Shapes, _Sampling, chat_logprobs, completion_logprobs, error_body, sse, usage
 
@@ -77,14 +78,14 @@ class Generation:
             self.app.engine.submit(self.job)
         except EngineDown as e:
             raise APIError(503, f"{e}; retry later", "server_error") from None
-        dec, stop = StreamDecoder(self.app.model.tokenizer), StopMatcher(list(self.job.req.stop))
+        cut = StopCut(self.app.model.tokenizer, list(self.job.req.stop))
         try:
             while True:
                 ev = await self._next()
                 if ev.tokens:
                     if self.first_token_at is None:
                         self.first_token_at = time.perf_counter()
-                    text, used, hit = _through_stop(dec, stop, ev.tokens)
+                    text, used, hit = cut.feed(ev.tokens)
                     self.tokens += ev.tokens[:used]
                     self.lp += (ev.logprobs or [])[:used]
                     if text:
@@ -98,8 +99,7 @@ class Generation:
                 if ev.finish_reason is not None:
                     if ev.stats is not None:
                         self.cached_tokens = ev.stats.cached_tokens
-                    text, hit = stop.feed(dec.flush())
-                    text += "" if hit else stop.flush()
+                    text, hit = cut.finish()
                     if text:
                         yield text
                     self.finish_reason = "stop" if hit else ev.finish_reason
@@ -115,22 +115,6 @@ class Generation:
                     m.ttft.observe(self.first_token_at - self.job.created)
 
 
-
-
-def _through_stop(dec: StreamDecoder, stop: StopMatcher, tokens: list[int]) -> tuple[str, int, bool]:
-    """The text of `tokens` up to a stop string, how many of them it took, and whether one was hit. With stop strings the
-    tokens go through one at a time, as plain decoding delivers them, so the cut (and with it the
-    logprobs and usage counted) is the token that completes the stop string, however many tokens a
-    verified draft brought in one step."""
-    if not stop.stops:
-        return stop.feed(dec.push(tokens))[0], len(tokens), False
-    out = []
-    for i, t in enumerate(tokens):
-        text, hit = stop.feed(dec.push([t]))
-        out.append(text)
-        if hit:
-            return "".join(out), i + 1, True
-    return "".join(out), len(tokens), False
 
 
 async def _collect(pieces: AsyncIterator[str]) -> str:
@@ -153,6 +137,8 @@ class Reply:
                              app.name, r.obfuscate)
 
     async def send(self, http: HTTPRequest):
+        if self.r.receipt:  # the model file hashed once (cached by path, size, mtime), off the event loop
+            await asyncio.to_thread(receipt.model_facts, self.app.model)
         if self.reqs[0].max_new_tokens == 0:  # scoring only (echo): nothing to generate
             return self.scored()
         gens = [Generation(self.app, q) for q in self.reqs]
@@ -161,8 +147,11 @@ class Reply:
     # -- the three shapes -----------------------------------------------------------------------
     def scored(self) -> JSONResponse:
         lp = self._logprobs([], self.prompt_lps, 0) if self.want_lp else None
-        return JSONResponse(self.shapes.whole([self.shapes.choice(self.prompt_text, "length", False, 0, lp)],
-                                              usage(len(self.prompt), 0)))
+        body = self.shapes.whole([self.shapes.choice(self.prompt_text, "length", False, 0, lp)],
+                                 usage(len(self.prompt), 0))
+        if self.r.receipt:
+            body["receipt"] = receipt.make(self.app.model, self.reqs[0], [(self.reqs[0].params.seed, [], "length")])
+        return JSONResponse(body)
 
     async def whole(self, gens: list[Generation], http: HTTPRequest) -> JSONResponse:
         task = asyncio.ensure_future(asyncio.gather(*[_collect(g.pieces()) for g in gens]))
@@ -180,7 +169,15 @@ class Reply:
         choices = [self.shapes.choice(self.prompt_text + texts[i], gens[i].finish_reason, False, j,
                                       self._logprobs(gens[i].lp, self.prompt_lps, 0) if self.want_lp else None)
                    for j, i in enumerate(order)]
-        return JSONResponse(self.shapes.whole(choices, _usage(self.prompt, gens)))
+        body = self.shapes.whole(choices, _usage(self.prompt, gens))
+        if self.r.receipt:
+            body["receipt"] = self.receipt([gens[i] for i in order])
+        return JSONResponse(body)
+
+    def receipt(self, gens: list[Generation]) -> dict:
+        """The receipt of these choices (in their order): each with its seed, tokens and finish reason."""
+        return receipt.make(self.app.model, self.reqs[0],
+                            [(g.job.req.params.seed, g.tokens, g.finish_reason or "error") for g in gens])
 
     async def stream(self, gens: list[Generation]) -> StreamingResponse:
         chunks = _Chunks(self, gens)
@@ -293,6 +290,8 @@ class _Chunks:
     def end(self) -> list[bytes]:
         rp = self.reply
         tail = [rp.shapes.chunk(usage=_usage(rp.prompt, self.gens))] if rp.r.include_usage else []
+        if rp.r.receipt:  # its own chunk, no choices, before [DONE]
+            tail.append(rp.shapes.extra({"receipt": rp.receipt(self.gens)}))
         return tail + [DONE]
 
 

@@ -61,3 +61,37 @@ class StopMatcher:
     def flush(self) -> str:
         out, self.buf = self.buf, ""
         return out
+
+
+class StopCut:
+    """Token ids to text, cut at the first stop string. With stop strings the ids go through one at a
+    time, as plain decoding delivers them, so the cut (the token that completes a stop string) is a
+    function of the ids alone, however many of them a verified draft brought at once. Every count
+    an answer reports (its tokens, logprobs, usage) ends at that token."""
+
+    def __init__(self, tokenizer: Tokenizer, stops: list[str]):
+        self.dec, self.stop = StreamDecoder(tokenizer), StopMatcher(stops)
+
+    def feed(self, ids: list[int]) -> tuple[str, int, bool]:
+        """(the text of `ids` up to a stop, how many of them it took, whether a stop was hit)."""
+        if not self.stop.stops:
+            return self.stop.feed(self.dec.push(ids))[0], len(ids), False
+        out = []
+        for i, t in enumerate(ids):
+            text, hit = self.stop.feed(self.dec.push([t]))
+            out.append(text)
+            if hit:
+                return "".join(out), i + 1, True
+        return "".join(out), len(ids), False
+
+    def finish(self) -> tuple[str, bool]:
+        """At the end of the ids: the text held back, and whether it completes a stop string."""
+        text, hit = self.stop.feed(self.dec.flush())
+        return text + ("" if hit else self.stop.flush()), hit
+
+
+def tokens_through_stop(tokenizer: Tokenizer, ids: list[int], stops: list[str]) -> tuple[int, bool]:
+    """How many of a whole answer's ids an answer with these stop strings keeps, and whether a stop hit."""
+    cut = StopCut(tokenizer, stops)
+    _, used, hit = cut.feed(ids)
+    return (used, True) if hit else (len(ids), cut.finish()[1])

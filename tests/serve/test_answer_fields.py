@@ -137,3 +137,39 @@ def test_a_stop_inside_a_verified_draft_cuts_logprobs_and_usage_there(folder, an
     n = plain["usage"]["completion_tokens"]
     assert len(plain["choices"][0]["logprobs"]["tokens"]) == n < 40
     assert drafted == plain
+
+
+def _receipts(r: httpx.Response) -> list[dict]:
+    if r.headers["content-type"].startswith("text/event-stream"):
+        events = [json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: {")]
+        return [e["receipt"] for e in events if "receipt" in e]
+    return [r.json()["receipt"]]
+
+
+@pytest.mark.slow
+def test_receipts_from_servers_under_load_verify_and_a_tampered_one_fails_where_tampered(folder, answer):
+    """Receipts asked of servers with each drafter by 6 clients at once (stop strings inside verified
+    drafts, n = 2, sampling, streams) replay to the same tokens by plain decoding, alone."""
+    from exactspec import receipt
+    bodies = [b for b in _bodies(answer) if b[0] == "/v1/chat/completions" or "best_of" not in b[1]][:12]
+    got = []
+    for name, s in _servers(folder):
+        s.gate.open.set()
+        try:
+            with cf.ThreadPoolExecutor(6) as ex:
+                rs = list(ex.map(lambda pb: post(s.url + pb[0], {**pb[1], "receipt": True}), bodies))
+        finally:
+            s.stop()
+        for (path, b), r in zip(bodies, rs):
+            (rec,) = _receipts(r)
+            assert len(rec["choices"]) == b.get("n", 1)
+            v = receipt.verify(answer, rec)
+            assert v.identical, (name, b, v.problems)
+            got.append(rec)
+    want = got[: len(bodies)]  # every server gave the same receipts (the same answers)
+    for i, rec in enumerate(got):
+        assert rec["choices"] == want[i % len(bodies)]["choices"]
+    bad = json.loads(json.dumps(got[0]))
+    ids = bad["choices"][0]["token_ids"]
+    ids[len(ids) // 2] = (ids[len(ids) // 2] + 1) % answer.cfg.vocab_size
+    assert receipt.verify(answer, bad).first_difference[0] == len(ids) // 2
