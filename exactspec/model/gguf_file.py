@@ -77,7 +77,11 @@ class GGUFFile:
             if default is _REQUIRED:
                 raise CheckpointError(f"{self.path}: metadata field {key!r} is missing")
             return default
-        return f.contents()
+        try:
+            return f.contents()
+        except UnicodeDecodeError as e:  # the reader decodes strings as UTF-8
+            raise CheckpointError(f"{self.path}: metadata field {key!r} is not valid UTF-8 text ({e.reason} at byte "
+                                  f"{e.start})") from None
 
     def _count(self, key: str, default=_REQUIRED) -> int:
         """A size or count from the metadata: an integer >= 1 (0 heads divided by zero, deep inside)."""
