@@ -34,7 +34,11 @@ class APIError(Exception):
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    """OpenAI's error body. A message or param that echoes a client's lone surrogate shows it escaped
+    (\\ud800): the body must encode as UTF-8."""
+    def safe(s: str | None) -> str | None:
+        return s.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(s, str) else s
+    return {"error": {"message": safe(message), "type": type_, "param": safe(param), "code": code}}
 
 
 def validation_message(errors: list[dict]) -> tuple[str, str | None]:
