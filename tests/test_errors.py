@@ -239,6 +239,14 @@ BAD_FILES = [
     ("config.json", {"rope_parameters": "fast"}, "field 'rope_parameters' must be an object"),
     ("config.json", {"architectures": "LlamaForCausalLM"}, "field 'architectures' must be a list"),
     ("config.json", {"hidden_size": 0}, "field 'hidden_size' must be >= 1"),
+    # issue 40: numbers a model cannot have (Python's json reads NaN and Infinity)
+    ("config.json", {"rope_theta": float("nan"), "rope_parameters": {"rope_type": "default", "rope_theta": float("nan")}},
+     "rope_theta is nan; expected a finite number > 0"),
+    ("config.json", {"rms_norm_eps": -1e-5}, "rms_norm_eps is -1e-05; expected a finite number >= 0"),
+    ("config.json", {"rms_norm_eps": float("inf")}, "rms_norm_eps is inf"),
+    ("config.json", {"num_key_value_heads": 3}, "num_key_value_heads is 3; the 4 query heads (num_attention_heads) "
+                                                "must be a whole multiple of it"),
+    ("config.json", {"head_dim": 15}, "head_dim is 15; expected an even head size"),
     ("config.json", [1, 2], "config.json: expected a JSON object, got list"),
     ("config.json", b"\xff\xfe{}", "config.json: not UTF-8 text"),
     ("generation_config.json", {"eos_token_id": 1.0}, "generation_config.json: field 'eos_token_id'"),
@@ -297,3 +305,16 @@ def test_cli_bad_inputs_exit_2_with_one_line(ckpt, capsys, args, message):
     assert _cli_main([cmd, "--model", str(ckpt("llama")), *rest]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_non_finite_weights_in_a_folder_are_named(copy):
+    """Issue 40: a NaN weight loaded silently and greedy decoding gave [0, 0, 0, 0]."""
+    d = copy()
+    f = d / "model.safetensors"
+    t = load_file(f)
+    t["model.layers.1.mlp.down_proj.weight"][2, 3] = float("nan")
+    t["model.layers.1.mlp.down_proj.weight"][4, 5] = float("-inf")
+    save_file(t, f, metadata={"format": "pt"})
+    with pytest.raises(WeightError, match=r"model.safetensors: tensor 'model\.layers\.1\.mlp\.down_proj\.weight' "
+                                          r"holds 2 NaN or infinite values"):
+        exactspec.load(d)
