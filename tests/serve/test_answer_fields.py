@@ -173,3 +173,31 @@ def test_receipts_from_servers_under_load_verify_and_a_tampered_one_fails_where_
     ids = bad["choices"][0]["token_ids"]
     ids[len(ids) // 2] = (ids[len(ids) // 2] + 1) % answer.cfg.vocab_size
     assert receipt.verify(answer, bad).first_difference[0] == len(ids) // 2
+
+
+@pytest.mark.slow
+def test_the_probes_reproductions_on_smollm2(smollm2):
+    """Issue 40's two reproductions on the real file: with a stop string and logprobs, 28 tokens without
+    a draft but 40 with lookup or head+pool; 29, then 30, on a rerun with head+pool (the pool's history)."""
+    bodies = [{"prompt": "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 1, 2, 3, 4, 5, 6,",
+               "max_tokens": 40, "temperature": 0, "stop": [" 14"], "logprobs": 1},
+              {"prompt": "Hello world, this is", "max_tokens": 48, "temperature": 0, "stop": ["\n\n"], "logprobs": 1},
+              {"messages": [{"role": "user", "content": "Count from 1 to 30, separated by commas."}],
+               "max_tokens": 60, "temperature": 0, "stop": [" 17"], "logprobs": True, "top_logprobs": 1}]
+    model = exactspec.load(smollm2)
+    got = {}
+    for name in (None, "head+pool"):  # (lookup is in the matrix above, on the tiny model)
+        kw = {} if name is None else {"drafter": model.make_drafter(name), "num_draft_tokens": "auto"}
+        s = InProcess(smollm2, ServeOptions(max_batch=4), model=model, **kw)
+        s.gate.open.set()
+        try:
+            for rerun in range(1 if name is None else 2):
+                for i, b in enumerate(bodies):
+                    path = "/v1/chat/completions" if "messages" in b else "/v1/completions"
+                    got[(name, rerun, i)] = canonical(post(s.url + path, b))
+        finally:
+            s.stop()
+            model.net = s.gate.net
+    for key, answer in got.items():
+        assert answer == got[(None, 0, key[2])], key
+    assert got[(None, 0, 0)]["usage"]["completion_tokens"] < 40 and got[(None, 0, 0)]["choices"][0]["finish_reason"] == "stop"
