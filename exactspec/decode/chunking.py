@@ -15,15 +15,11 @@ attention spends on exp (~6x low on SmolLM2 Q4_1).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from ..model.transformer import Transformer
 from .cost import attention_cost, verify_costs
-
-if TYPE_CHECKING:
-    from .loop import SeqState
+from .seq import SeqState
 
 PREFILL_ATTENTION_SHARE = 0.25  # beside others: a long prompt's attention per step, in one-row forwards
 PREFILL_IDLE_ATTENTION = 10.0  # alone: a step's prompt attention (a newcomer waits for it), in one-row forwards

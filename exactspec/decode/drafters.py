@@ -22,7 +22,8 @@ import numpy as np
 from .. import kernels as K
 from ..errors import InvalidRequest
 from ..model.transformer import Rows, Transformer
-from .cost import PAUSE_MAX, Acceptance, ByEvidence, one_row_seconds, tokens_per_time, verify_costs
+from .cost import Acceptance, ByEvidence, one_row_seconds, tokens_per_time, verify_costs
+from .policy import Backoff
 from .sampling import SamplingParams, pick
 
 
@@ -317,13 +318,13 @@ class MixDrafter(Drafter):
         self.model.begin(n_slots, capacity)
         self.acc = [(ByEvidence(), Acceptance()) for _ in range(n_slots)]  # (lookup, model) per slot
         self.last: list[tuple[int, int, list[int], int] | None] = [None] * n_slots  # (source, len(seq), draft, m)
-        self.idle, self.backoff = [0] * n_slots, [1] * n_slots  # steps the model was not asked; the next wait
+        self.idle, self.backoff = [0] * n_slots, [Backoff() for _ in range(n_slots)]  # steps not asked; the wait
 
     def release(self, slot: int) -> None:
         self.lookups.release(slot)
         self.model.release(slot)
         self.acc[slot], self.last[slot] = (ByEvidence(), Acceptance()), None
-        self.idle[slot], self.backoff[slot] = 0, 1
+        self.idle[slot], self.backoff[slot] = 0, Backoff()
 
     def observe(self, slot: int, start: int, hidden: np.ndarray) -> None:
         self.model.observe(slot, start, hidden)
@@ -345,7 +346,7 @@ class MixDrafter(Drafter):
         if src:
             self.acc[slot][1].add(len(draft), a)
             if a:
-                self.backoff[slot] = 1
+                self.backoff[slot].reset()
         else:
             self.acc[slot][0].add(m, len(draft), a)
         self.last[slot] = None
@@ -374,8 +375,9 @@ class MixDrafter(Drafter):
             out[i] = out[i][:n]
             if not n and not want[i]:  # neither pays: the model is asked for one token now and then
                 self.idle[s] += 1
-                if self.idle[s] >= self.backoff[s]:
-                    want[i], self.idle[s], self.backoff[s] = 1, 0, min(PAUSE_MAX, 2 * self.backoff[s])
+                if self.idle[s] >= self.backoff[s].next:
+                    want[i], self.idle[s] = 1, 0
+                    self.backoff[s].pause()
         ask = [i for i, w in enumerate(want) if w]
         if ask:
             got = self.model.propose([slots[i] for i in ask], [seqs[i] for i in ask], [want[i] for i in ask],

@@ -12,63 +12,23 @@ next step overwrites them).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 import torch
 
 from .chunking import Chunker
-from .cost import PAUSE_MAX, Acceptance, ByEvidence, best_k, best_siblings, verify_costs
+from .cost import verify_costs
 from .drafters import Drafter, from_prediction
 from ..errors import GenerationError, InvalidRequest
 from ..kernels.attention import BLOCK
 from ..model.prefix import PrefixCache
 from ..model.transformer import Rows, Transformer
+from .policy import Policy
 from .request import Request
-from .sampling import TokenLogprob, pick, pick_rows, processed_logits, token_logprobs
-from .stats import BatchStats, Stats
-
-
-@dataclass
-class SeqState:
-    """A request while it is in a batch."""
-    req: Request
-    slot: int
-    tokens: list[int]  # prompt + generated
-    k: int  # draft tokens to ask for at the next step
-    tag: object = None  # the caller's handle (engine request, prompt index)
-    finish_reason: str | None = None  # "stop" (EOS) | "length" | "cancelled" | "error"
-    error: Exception | None = None  # what ended it, when finish_reason is "error"
-    fed: int = 0  # prompt tokens in the cache so far (a prompt may be fed in chunks, or start in shared blocks)
-    kept: int = 0  # its first blocks handed to the prefix cache
-    credit: int = 0  # key positions its prefill's attention may still read while others decode
-    joined_at: float = field(default_factory=time.perf_counter)
-    stats: Stats = field(default_factory=Stats)
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if the request asks
-    skip: int = 0  # steps to go without drafting (DraftLength.pause)
-    predicted: bool = False  # this step's drafts came from the request's prediction
-    acceptance: Acceptance = field(default_factory=Acceptance)  # recent, for num_draft_tokens="auto"
-    by_evidence: ByEvidence = field(default_factory=ByEvidence)  # "auto": lookups' acceptance by match length
-    evidence: int | None = None  # this step's draft: a lookup's of this match length (-1: the prediction's)
-    # per sibling verified (tree verification); a runner-up is seldom the target's token (SmolLM2's head:
-    # 19 of 193 in bench/head.py), so the prior is low
-    sibling_rate: Acceptance = field(default_factory=lambda: Acceptance(prior=0.1))
-    backoff: int = 1  # the next pause's length
-
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[len(self.req.prompt):]
-
-    @property
-    def prefilled(self) -> bool:
-        """The whole prompt is in the cache (its first token picked at that step)."""
-        return self.fed == len(self.req.prompt)
-
-    @property
-    def cached(self) -> int:
-        """Positions whose keys and values are in the cache (all tokens but the last, once prefilled)."""
-        return len(self.tokens) - 1 if self.prefilled else self.fed
+from .sampling import pick, pick_rows, processed_logits, token_logprobs
+from .seq import SeqState
+from .stats import BatchStats
 
 
 class Batch:
@@ -116,8 +76,8 @@ class Batch:
         """Join the batch (prefilled at the next step). The request was validated by make_request."""
         if not self._free:
             raise GenerationError("Batch.add: no free slot (check has_room first)")
-        k = req.draft_len.k0 if self.drafter is not None or req.prediction else 0
-        s = SeqState(req, self._free.pop(), list(req.prompt), k, tag)
+        policy = Policy(req.draft_len, drafting=self.drafter is not None or bool(req.prediction))
+        s = SeqState(req, self._free.pop(), list(req.prompt), policy, tag)
         s.stats.prompt_tokens, s.stats.seed = len(req.prompt), req.params.seed if not req.params.greedy else None
         self.stats.sequences += 1
         if req.max_new_tokens == 0:
@@ -185,13 +145,10 @@ class Batch:
 
     # -- the steps of `step` ------------------------------------------------------------------
     def _propose(self, old: list[SeqState]) -> list[list[int]]:
-        """Draft tokens for each running sequence: the drafter's, or the request's prediction where it
-        offers at least as many. Never past the token budget or the cache: the verify yields up to
-        k + 1 tokens."""
-        ks = [self._room(s, s.req.draft_len.max_k) if self._asks_most(s) else 0 if s.skip else self._room(s, s.k)
-              for s in old]
-        for s in old:
-            s.skip = max(0, s.skip - 1)
+        """Draft tokens for each running sequence, as long as its policy says (decode/policy.py): the
+        drafter's, or the request's prediction where it offers at least as many; a head's runners-up
+        beside them where they pay (tree verification)."""
+        ks = [s.policy.ask(self._free_drafts(s), lambda k, s=s: self._room(s, k)) for s in old]
         drafts: list[list[int]] = [[] for _ in old]
         if self.drafter is not None and any(ks):
             before = self.drafter.forward_passes
@@ -200,18 +157,13 @@ class Batch:
             self.stats.draft_forward_passes += self.drafter.forward_passes - before
         for i, (s, k) in enumerate(zip(old, ks)):
             guess = from_prediction(s.req.prediction, s.generated, k) if s.req.prediction else []
-            s.predicted = bool(guess) and len(guess) >= len(drafts[i])
-            if s.predicted:
-                drafts[i] = guess
-            s.evidence = None
-            if drafts[i] and self._asks_most(s):
-                drafts[i] = self._price(s, drafts[i])
-            if drafts[i] and not s.predicted and self.branches > 1:
+            drafts[i] = s.policy.take(drafts[i], guess, self._free_drafts(s), lambda s=s: self._evidence(s),
+                                      lambda s=s: verify_costs(self.target, len(s.tokens)))
+            if drafts[i] and not s.policy.predicted and self.branches > 1:
                 alts = [t for t in self.drafter.alternatives(s.slot) if t != drafts[i][0]]
                 n, most = len(drafts[i]), min(len(alts), self.branches - 1)
-                costs = verify_costs(self.target, len(s.tokens))
-                j = best_siblings(s.acceptance.alpha, s.sibling_rate.alpha, n, most, costs,
-                                  n * self.drafter.cost_per_token(self.target))
+                j = s.policy.siblings(n, most, verify_costs(self.target, len(s.tokens)),
+                                      n * self.drafter.cost_per_token(self.target))
                 for t in alts[:j]:
                     self._sibs.append((i, self._helpers.pop(), t))
         return drafts
@@ -220,22 +172,13 @@ class Batch:
         """k, or fewer: never past the token budget or the cache (a verify yields up to k + 1 tokens)."""
         return max(0, min(k, s.req.max_new_tokens - len(s.generated) - 1, self.capacity - len(s.tokens) - 1))
 
-    def _asks_most(self, s: SeqState) -> bool:
-        """num_draft_tokens="auto" with drafts that cost nothing to ask for (lookups, the request's
-        prediction) or that the drafter prices itself (MixDrafter): asked for the most tokens every step,
-        the lookups' and the prediction's drafts cut to the length worth verifying (`_price`)."""
-        return s.req.draft_len.auto and (self.drafter.free if self.drafter is not None else bool(s.req.prediction))
+    def _free_drafts(self, s: SeqState) -> bool:
+        """Its drafts cost nothing to ask for (lookups, the request's prediction) or the drafter prices
+        them itself (MixDrafter)."""
+        return self.drafter.free if self.drafter is not None else bool(s.req.prediction)
 
-    def _price(self, s: SeqState, d: list[int]) -> list[int]:
-        """A lookup's draft (or the prediction's) cut to the length with the most expected tokens per unit of
-        time, from the sequence's acceptance of drafts with the same evidence (cost.ByEvidence)."""
-        m = -1 if s.predicted else self.drafter.evidence(s.slot) if self.drafter is not None else None
-        if m is None:  # the drafter priced it
-            return d
-        alpha = s.acceptance.alpha if m < 0 else s.by_evidence.alpha(m)
-        d = d[:best_k(alpha, verify_costs(self.target, len(s.tokens)), 0.0, len(d))]
-        s.evidence = m if d else None
-        return d
+    def _evidence(self, s: SeqState) -> int | None:
+        return self.drafter.evidence(s.slot) if self.drafter is not None else None
 
     def _drop_siblings(self) -> None:
         for _, h, _ in self._sibs:
@@ -312,7 +255,7 @@ class Batch:
             while a < len(d) and d[a] == choice[a]:
                 a += 1
             for x in sibs.get(i, ()):
-                s.sibling_rate.add(1, int(x[3] == choice[0]))
+                s.policy.sibling_rate.add(1, int(x[3] == choice[0]))
                 s.stats.siblings += 1
             if won:  # the sibling's keys (position n) become the sequence's: its block is swapped in
                 _, fr, slot, _ = won[0]
@@ -323,35 +266,20 @@ class Batch:
             elif hidden is not None:  # positions n-1 .. n-1+a: their prefixes are committed
                 self.drafter.observe(s.slot, n - 1, hidden[h - len(d) - 1: h - len(d) + a])
             s.stats.count_step(len(d), a)
-            if s.predicted:
+            if s.policy.predicted:
                 s.stats.prediction_accepted += a
                 s.stats.prediction_rejected += len(d) - a
-            s.k = s.req.draft_len.update(s.k, len(d), a)
-            if d:
-                s.skip, s.backoff = s.req.draft_len.pause(len(d), a, s.backoff)
-                if s.evidence is not None and s.evidence >= 0:
-                    s.by_evidence.add(s.evidence, len(d), a)
-                elif s.req.draft_len.auto:
-                    self._auto_k(s, len(d), a)
+            s.policy.learn(len(d), a, self._free_drafts(s), self._per_draft,
+                           lambda s=s: verify_costs(self.target, len(s.tokens)))
             if won:
                 out.append((s, self._commit(s, [choice[0], nxt], torch.stack([rows[0], logits[won[0][0] + 1]]))))
             else:
                 out.append((s, self._commit(s, d[:a] + [choice[a]], rows)))
         return out
 
-    def _auto_k(self, s: SeqState, proposed: int, accepted: int) -> None:
-        """num_draft_tokens="auto": the next k by cost (decode/cost.py); none worth drafting: pause
-        1, 2, 4, ... steps, then probe with one draft token."""
-        s.acceptance.add(proposed, accepted)
-        if self._asks_most(s):  # asked for the most every step (see _asks_most)
-            return
-        per_draft = self.drafter.cost_per_token(self.target) if self.drafter is not None and not s.predicted else 0.0
-        costs = verify_costs(self.target, len(s.tokens))  # at this sequence's length; measured once
-        k = best_k(s.acceptance.alpha, costs, per_draft, s.req.draft_len.max_k)
-        if k:
-            s.k, s.backoff = k, 1
-        else:
-            s.k, s.skip, s.backoff = 1, s.backoff, min(PAUSE_MAX, 2 * s.backoff)
+    def _per_draft(self) -> float:
+        """The drafter's cost per draft token, in one-row forwards (0 without one)."""
+        return self.drafter.cost_per_token(self.target) if self.drafter is not None else 0.0
 
     def _commit(self, s: SeqState, new: list[int], rows: torch.Tensor) -> list[int]:
         """Append tokens until a stop; returns the ones appended. rows[i]: the logits that predicted new[i]."""

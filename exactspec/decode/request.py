@@ -22,11 +22,9 @@ MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's API allows
 
 
 class DraftLength:
-    """How many tokens to ask the drafter for. Fixed k; dynamic ("grow by 2 after a fully
-    accepted draft, shrink by 1 after a rejection", as transformers' assisted generation does, and
-    pause drafting while one-token drafts keep failing: `pause`); or auto (by cost: the k that
-    maximizes expected tokens per unit of time from this model's measured verify cost and the
-    sequence's recent acceptance, decode/cost.py). The output never depends on it; only speed does."""
+    """How many tokens to ask the drafter for, as a request asks (checked here; the rules that
+    follow from it are decode/policy.py's): fixed k, "dynamic" or "auto". The output never depends
+    on it; only speed does."""
 
     def __init__(self, k: int | str = 0, max_k: int = 16):
         self.auto = k == "auto"  # by cost (decode/cost.py): the k with the most expected tokens per second
@@ -41,23 +39,6 @@ class DraftLength:
     def __repr__(self) -> str:
         return "DraftLength('dynamic')" if self.dynamic else "DraftLength('auto')" if self.auto else \
             f"DraftLength({self.k0})"
-
-    def update(self, k: int, proposed: int, accepted: int) -> int:
-        if not self.dynamic or proposed == 0:
-            return k
-        return min(self.max_k, k + 2) if accepted == proposed else max(1, k - 1)
-
-    def pause(self, proposed: int, accepted: int, backoff: int) -> tuple[int, int]:
-        """Dynamic only: after a rejected one-token draft, draft nothing for `backoff` steps, the pause
-        doubling (up to 32) while drafts keep failing; an accepted token ends it. With little
-        acceptance a draft costs more than it saves (the draft runs, and verifying 2 rows costs more
-        than 1: about 1.3x with quantized weights). After a step that proposed `proposed` >= 1 tokens:
-        returns (steps to skip, the next backoff)."""
-        if not self.dynamic:
-            return 0, backoff
-        if accepted > 0:
-            return 0, 1
-        return (backoff, min(32, 2 * backoff)) if proposed == 1 else (0, backoff)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ from typing import Callable
 from ..decode.drafters import Drafter
 from ..errors import GenerationError
 from ..kernels.threads import get_num_threads, set_num_threads
-from ..decode.loop import Batch, SeqState
+from ..decode.loop import Batch
+from ..decode.seq import SeqState
 from ..decode.stats import Stats
 from ..model.transformer import Transformer
 from ..decode.request import Request

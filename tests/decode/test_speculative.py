@@ -10,6 +10,7 @@ from exactspec.decode import cost
 from exactspec.decode.cost import Acceptance, best_k, verify_costs
 from exactspec.decode import loop
 from exactspec.decode.drafters import DraftModelDrafter, LookupDrafter
+from exactspec.decode.policy import Policy
 from exactspec.decode.request import DraftLength
 from exactspec.decode.sampling import SamplingParams, filtered_logits, pick
 
@@ -63,10 +64,14 @@ def test_dynamic_draft_length_pauses_a_drafter_that_keeps_failing(pair):
     dyn = target.generate(p, N_NEW, ignore_eos=True, draft=draft, num_draft_tokens="dynamic")
     assert dyn.token_ids == fixed.token_ids == plain
     assert dyn.stats.proposed * 4 < fixed.stats.proposed  # drafting paused, not retried every step
-    d = DraftLength("dynamic")
-    assert [d.pause(1, 0, 1), d.pause(1, 0, 16), d.pause(1, 0, 32), d.pause(3, 0, 4), d.pause(2, 1, 8)] == \
+    def after(length, backoff: int, proposed: int, accepted: int) -> tuple[int, int]:
+        p = Policy(DraftLength(length), drafting=True)
+        p.backoff.next = backoff
+        p.learn(proposed, accepted, False, lambda: 0.0, lambda: np.ones(17))
+        return p.skip, p.backoff.next
+    assert [after("dynamic", *x) for x in ((1, 1, 0), (16, 1, 0), (32, 1, 0), (4, 3, 0), (8, 2, 1))] == \
         [(1, 2), (16, 32), (32, 32), (0, 4), (0, 1)]
-    assert DraftLength(3).pause(1, 0, 4) == (0, 4)  # a fixed k never pauses
+    assert after(3, 4, 1, 0) == (0, 4)  # a fixed k never pauses
 
 
 def test_auto_draft_length_by_cost(pair, monkeypatch):
