@@ -143,6 +143,9 @@ class Model:
                             **sampling)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int | None = 128, **kw) -> GenerationResult:
+        """Decode one prompt (text, or token ids): generate_batch([prompt], ...)[0], with `on_text(piece)`
+        called as text streams. Every keyword of generate_batch applies (draft, num_draft_tokens,
+        temperature, seed, logprobs, prediction, ...)."""
         on_text = kw.pop("on_text", None)
         cb = (lambda i, t: on_text(t)) if on_text is not None else None
         return self.generate_batch([prompt], max_new_tokens=max_new_tokens, on_text=cb, **kw)[0]
@@ -156,18 +159,33 @@ class Model:
                        logprobs: int | None = None, logprobs_mode: str = "raw",
                        prediction: "None | str | Sequence[int] | Sequence[None | str | Sequence[int]]" = None,
                        on_text: Callable[[int, str], None] | None = None) -> list[GenerationResult]:
-        """Decode a batch of prompts. `draft`: None (plain), "lookup" (prompt lookup), "pool" (prompt
-        lookup, then the n-grams of the sequences this Model decoded before), "head" / "head:PATH" (a
-        head on this model's hidden states, decode/head.py) or another Model sharing the tokenizer. The
-        token ids never depend on draft, num_draft_tokens or
-        the batch: only on the prompt, the sampling parameters and the seed. max_new_tokens=None:
-        up to the context. seed=None: greedy ignores it; sampling draws a fresh one, reported in
-        stats.seed so the run can be replayed. `prediction`: the expected output (OpenAI's Predicted
-        Outputs: a file the answer edits), text or token ids, one for all prompts or a list with one per
-        prompt; proposed as drafts (beside `draft`'s), so it changes the speed only. `draft_branches` > 1:
-        tree verification, up to draft_branches - 1 runners-up of the draft's first token (a head's, greedy)
-        verified beside it where the measured costs say it pays (decode/cost.best_siblings). If decoding fails
-        inside (not the caller's input), raises GenerationError (its `.results` hold every sequence's result, the others complete)."""
+        """Decode a batch of prompts (each text or token ids), one result each, in order. The token
+        ids never depend on the drafter, the draft length, the batch or the thread count: only on the
+        prompt, the sampling parameters and the seed.
+
+        max_new_tokens: per prompt (None: up to the context; prompt + max_new_tokens must fit it).
+        ignore_eos: go on past the model's EOS ids.
+        draft: None (plain decoding), "lookup" (prompt lookup), "pool" (prompt lookup, then the n-grams
+            of the sequences this Model decoded before), "head" / "head:PATH" (a head on this model's
+            hidden states, decode/head.py), one of lookup/pool joined to a head by "+", or another Model
+            sharing the tokenizer.
+        num_draft_tokens: k >= 0, "dynamic" or "auto" (by measured cost; the rules: decode/policy.py).
+        draft_confidence: a draft model stops drafting below this probability.
+        lookup_max_ngram: the longest n-gram prompt lookup matches.
+        draft_branches: > 1: tree verification, up to draft_branches - 1 runners-up of a head's first
+            draft token verified beside it where the measured costs say it pays.
+        temperature, top_k, top_p, min_p, repetition_penalty: sampling (temperature 0: greedy).
+        seed: one, or one per prompt; None: greedy ignores it, sampling draws a fresh one, reported in
+            stats.seed so the run can be replayed.
+        logprobs: per new token its raw log-probability and this many alternatives (<= 20);
+            logprobs_mode "processed": after the sampling filters.
+        prediction: the expected output (OpenAI's Predicted Outputs: a file the answer edits), text or
+            token ids, one for all prompts or a list with one per prompt; proposed as drafts, so it
+            changes the speed only (cut where longer than the context).
+        on_text: on_text(prompt index, text piece) as text streams.
+
+        Bad input raises InvalidRequest naming the argument. If decoding fails inside (not the caller's
+        input), raises GenerationError (its `.results` hold every sequence's result, the others complete)."""
         if isinstance(prompts, (str, bytes)):
             raise InvalidRequest("generate_batch takes a list of prompts; use generate for one", "prompts")
         seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * len(prompts)

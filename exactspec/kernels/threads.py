@@ -36,7 +36,7 @@ def torch_serial() -> Iterator[None]:
     """torch's ops on one thread inside the block. For work done once on a thread that will not run the
     kernels (loading a model on a server's main thread): a parallel torch op there would give that
     thread an OpenMP worker pool of its own, and with more pool threads than cores every parallel
-    kernel of the engine thread pays futex wake-ups (INVARIANCE.md, "Threads on two cores")."""
+    kernel of the engine thread pays futex wake-ups (docs/exactness.md, "Threads on two cores")."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -11,7 +11,7 @@ and every scoring pass (`call`). OpenMP (libgomp, shared by numba's kernels and 
 thread that starts a parallel region its own pool of workers; once the pools hold more threads than
 the machine has cores, every worker stops spinning at a barrier and sleeps, and each parallel
 kernel pays a futex wake-up: on 2 cores a server whose main thread had zeroed the KV cache ran at
-half the library's speed (INVARIANCE.md, "Threads on two cores").
+half the library's speed (docs/exactness.md, "Threads on two cores").
 
 Faults: an exception while stepping one job ends that job only (Batch.step isolates it); the
 job gets a GenerationError naming an error id, and the traceback goes to the log under that id.

@@ -54,7 +54,7 @@ def test_linear_close_to_float64():
 
 
 def test_torch_linear_is_not_batch_invariant_here():
-    """The problem we solve, on the pinned torch build (../shared/INVARIANCE.md): F.linear of the same
+    """The problem we solve, on the pinned torch build (docs/exactness.md): F.linear of the same
     row depends on how many rows share the call (gemv for M=1, gemm blockings for M>1). This is what gives the invariance tests below their teeth: if torch ever stops
     showing it, this fails and the contrast must be found elsewhere."""
     torch.manual_seed(0)
