@@ -1,12 +1,12 @@
 """Attention in transformers' tensor layouts, for patched transformers models (exactspec.hf): the
-same per-row arithmetic as the engine's attention (kernels.attention._attend), under a mask."""
+same per-row arithmetic as the engine's attention (kernels.attention.attend_into), under a mask."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 from numba import njit, prange
 
-from ..kernels.attention import _attend
+from ..kernels.attention import attend_into
 from ..kernels.threads import SERIAL_WORK, TwoBuilds
 
 
@@ -37,7 +37,7 @@ def _masked_attention(q, kt, v, mask, scale, out):
         while mrow[hi] == 0:
             hi -= 1
         g = h // grp  # the sequence's keys as one block of S (the paged kernel's arithmetic, same bits)
-        _attend(q[b, h, t], kt[b, g:g + 1], v[b, g:g + 1], _ONE_BLOCK, lo, hi + 1 - lo, mrow, scale, out[b, t, h])
+        attend_into(q[b, h, t], kt[b, g:g + 1], v[b, g:g + 1], _ONE_BLOCK, lo, hi + 1 - lo, mrow, scale, out[b, t, h])
     return out
 
 

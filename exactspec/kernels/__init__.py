@@ -36,7 +36,8 @@ target has: speed only), `tile` (the register tile in LLVM IR), `pack` (weights 
 (pool size, serial/parallel builds).
 """
 from .attention import BLOCK, as_numpy, attention, attention_ref
-from .linear import ADD, STORE, SWIGLU, fma_ref, linear, linear_np, linear_ref
+from .expf import fma_ref
+from .linear import ADD, STORE, SWIGLU, linear, linear_np, linear_ref
 from .pack import PackedWeight, pack_quant, pack_weight, packed_shape
 from .rows import (cumsum, log_softmax, qkv_rope_cache, rmsnorm, rmsnorm_np, rmsnorm_ref, rope_table, silu_mul,
                    silu_mul_np, silu_mul_ref, softmax)

@@ -28,7 +28,9 @@ from numba import njit, types
 from numba.extending import overload
 
 from .actvec import quantize_groups
+from .expf import fma_ref
 from .layout import LAYOUTS, QK
+from .quant import ZERO
 
 
 @njit(inline="always")
@@ -143,8 +145,6 @@ def linear_int_ref(x: torch.Tensor, w) -> torch.Tensor:
     """Torch twin of `linear` on an integer-dot PackedWeight `w`: x (M, K) float32 -> (M, N). The
     integer sums are taken of the quants less their zero point (the kernel's sum of the stored quants
     less zero * s is the same integer)."""
-    from .linear import fma_ref
-    from .quant import ZERO
     F = LAYOUTS[w.fmt]
     Q = w.quants()
     N, K = w.n, w.k

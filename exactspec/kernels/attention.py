@@ -1,4 +1,4 @@
-"""Attention of each new row over its own sequence's cache (and `_attend`, the one row's
+"""Attention of each new row over its own sequence's cache (and `attend_into`, the one row's
 arithmetic, shared with the transformers-layout masked attention of exactspec.hf)."""
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def as_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 @njit(inline="always")
-def _attend(qv, kk, vv, blocks, j0, n, mrow, scale, o):
+def attend_into(qv, kk, vv, blocks, j0, n, mrow, scale, o):
     # One query row over logical keys j0 .. j0+n-1 stored in blocks: key j is at block blocks[j // B],
     # offset j % B, of kk (P, D, B) and vv (P, B, D). mrow (j0+n,) uint8 with 1 = attend, or empty
     # = all. Scores an FMA chain over d in order, vectorized across a block's keys; exact max; exp,
@@ -140,7 +140,7 @@ def _fold(lanes):
 def _softmax_span(s, j0, j1, scale, lanes):
     # s: a row of scores whose column c is key c + (a multiple of LANES), keys j0 .. j1 - 1 the span (as
     # columns) -> exp(s * scale - max) in place over the span, 0 in the rest of its LANES-aligned chunks;
-    # returns the sum of exps: lane c % LANES of each key, ascending, then _fold; `_attend`'s bits. The
+    # returns the sum of exps: lane c % LANES of each key, ascending, then _fold; `attend_into`'s bits. The
     # lanes are kept in `lanes` (LANES,) so both loops run over whole chunks (vectorized, no serial chain).
     # Loops index w from 0 (numba's negative-index wraparound would keep loops from a run-time start scalar).
     a0 = j0 - j0 % LANES
@@ -169,7 +169,7 @@ def _softmax_span(s, j0, j1, scale, lanes):
 
 @njit(inline="always")
 def _attend_group(qb, kk, vv, blocks, j0s, j1s, scale, ob):
-    # _attend without a mask for Q = qb.shape[0] <= QMAX queries of one sequence and one KV head: query i
+    # attend_into without a mask for Q = qb.shape[0] <= QMAX queries of one sequence and one KV head: query i
     # over keys j0s[i] .. j1s[i] - 1, on blocks of BLOCK keys. Each key block and value row is loaded once
     # for all queries (attnvec.py); every value is computed as the scalar loops compute it (tests compare
     # them bitwise): a block's 16 scores as one FMA chain over d per query, the same scale, exact max, exp
@@ -239,7 +239,7 @@ def attention_tasks(slot, pos, Hq, Hkv, threads):
 
 
 @njit(inline="always")
-def _attend_task(task, q, kt, v, table, slot, pos, scale, window, out):
+def attend_task(task, q, kt, v, table, slot, pos, scale, window, out):
     # A task of attention_tasks: rows r0 .. r0+nr-1 (one slot) x query heads h0 .. h0+nh-1 (one KV head g).
     r0, nr, h0, nh = task[0], task[1], task[2], task[3]
     Hq, D = q.shape[1], q.shape[2]
@@ -262,7 +262,7 @@ def _attend_task(task, q, kt, v, table, slot, pos, scale, window, out):
             out[r0 + i // nh, h0 + i % nh] = ob[i]
     else:
         for i in range(Q):
-            _attend(q[r0 + i // nh, h0 + i % nh], kt[g], v[g], blocks, j0s[i], j1s[i] - j0s[i], _ALL, scale,
+            attend_into(q[r0 + i // nh, h0 + i % nh], kt[g], v[g], blocks, j0s[i], j1s[i] - j0s[i], _ALL, scale,
                     out[r0 + i // nh, h0 + i % nh])
 
 
@@ -270,7 +270,7 @@ def _attend_task(task, q, kt, v, table, slot, pos, scale, window, out):
 def _attention(q, kt, v, table, slot, pos, scale, window, out, threads):
     tasks = attention_tasks(slot, pos, q.shape[1], kt.shape[0], threads)
     for t in prange(tasks.shape[0]):
-        _attend_task(tasks[t], q, kt, v, table, slot, pos, scale, window, out)
+        attend_task(tasks[t], q, kt, v, table, slot, pos, scale, window, out)
     return out
 
 

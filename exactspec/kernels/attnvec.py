@@ -1,7 +1,7 @@
 """The attention's two inner loops as vector code (LLVM IR), for caches in blocks of 16 positions.
 
 `score_blocks`: the scores of 16 keys per block, lane j = key j of the block: for d ascending,
-s = fma(q[d], k[d, j], s) from +0.0 (one correctly rounded FMA a step: `attention._attend`'s scalar
+s = fma(q[d], k[d, j], s) from +0.0 (one correctly rounded FMA a step: `attention.attend_into`'s scalar
 loop, lane by lane). `add_values`: o[d] = fma(e[j], v[j, d], o[d]) for keys j ascending, lane = d.
 Each lane is one output's chain. Both take Q <= QMAX queries at once (the query heads of one KV head, and
 rows of one sequence): each key block or value row is loaded once for all of them, and the query count

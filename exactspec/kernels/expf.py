@@ -14,6 +14,8 @@ same sequence in torch (`fma_ref`).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from llvmlite import ir
@@ -95,7 +97,6 @@ def _pow2_ref(e: torch.Tensor) -> torch.Tensor:
 
 def exp32_ref(x: torch.Tensor) -> torch.Tensor:
     """The torch twin of `exp32` (float32 in, float32 out), bitwise."""
-    from .linear import fma_ref
     x = x.float()
     n = torch.round(x * float(LOG2E))  # half to even, as rint
     n = torch.where(n >= -150.0, n, torch.full_like(n, -150.0))
@@ -110,3 +111,20 @@ def exp32_ref(x: torch.Tensor) -> torch.Tensor:
     y = (p * _pow2_ref(h)) * _pow2_ref(ni - h)
     y = torch.where(x < float(LO), torch.zeros_like(y), y)
     return torch.where(x > float(HI), torch.full_like(y, float("inf")), y)
+
+
+def fma_ref(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded float32 a * b + c (IEEE fusedMultiplyAdd), in plain torch.
+
+    a * b is exact in float64 (24 + 24 bits < 53); the sum is computed in float64 with round-to-odd
+    (TwoSum gives its exact error; an inexact even result steps one ulp towards the error), and a
+    round-to-odd value with >= 2 extra bits rounds to float32 exactly as the exact sum would."""
+    p = a.double() * b.double()
+    c = c.double()
+    s = p + c
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)
+    even = (s.view(torch.int64) & 1) == 0
+    toward = torch.where(err > 0, torch.full_like(s, math.inf), torch.full_like(s, -math.inf))
+    s = torch.where((err != 0) & even, torch.nextafter(s, toward), s)
+    return s.float()

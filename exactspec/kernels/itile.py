@@ -17,10 +17,10 @@ from numba.core import cgutils
 from .cpu import VNNI
 from .layout import LAYOUTS, NL
 from .quant import QK
-from .tile import V, _f16_to_f32, _Tile
+from .ftile import V, FTile, f16_to_f32
 
 
-class ITile(_Tile):
+class ITile(FTile):
     """The IR of one integer-dot tile: mr rows, weights of the integer-dot layout `fmt`."""
 
     def __init__(self, context, builder, signature, args, mr: int, fmt: str):
@@ -110,7 +110,7 @@ class ITile(_Tile):
         isum = [a[0] if nacc == 1 else b.add(a[0], a[1]) for a in iacc]
 
         def halves(off):
-            return [_f16_to_f32(b, self.vec(b.gep(gb, [self.c64(off + 2 * V * v)]), self.i16, 2)) for v in range(NL // V)]
+            return [f16_to_f32(b, self.vec(b.gep(gb, [self.c64(off + 2 * V * v)]), self.i16, 2)) for v in range(NL // V)]
         dw = halves(F.d_at)
         mins = halves(F.m_at) if F.has_min else None
         if F.sub_scales:
@@ -140,7 +140,7 @@ class ITile(_Tile):
     def combine16(self, g, gb, acc: list, iacc: list, wsum: list) -> list:
         """q6_k's float combine: per half h of the group, acc = fma(f32(sum q w), (f32(d) * f32(sc_h)) * dx, acc)."""
         b, F, vf, vi = self.b, LAYOUTS[self.fmt], self.vf, self.vi
-        d = [_f16_to_f32(b, self.vec(b.gep(gb, [self.c64(F.d_at + 2 * V * v)]), self.i16, 2)) for v in range(NL // V)]
+        d = [f16_to_f32(b, self.vec(b.gep(gb, [self.c64(F.d_at + 2 * V * v)]), self.i16, 2)) for v in range(NL // V)]
         s = [[b.fmul(d[v], b.sitofp(self.vec(b.gep(gb, [self.c64(F.sc_at + h * NL + V * v)]), self.i8, 1), vf))
               for v in range(NL // V)] for h in range(2)]
         acc = list(acc)

@@ -3,15 +3,13 @@ chain per output, k ascending (the register tile, tile.py), for every row count,
 thread count. Threads split output blocks. `linear_ref` is the plain torch twin."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 from numba import njit, prange
 from numba.extending import overload
 
 from . import tile
-from .expf import exp32
+from .expf import exp32, fma_ref
 from .actquant import _is_int_dot, act_buffers, acts, nrows
 from .cpu import MR_INT, MR_MAX
 from .layout import NL
@@ -19,7 +17,7 @@ from .pack import PackedWeight
 from .threads import SERIAL_WORK, TwoBuilds
 
 
-# _linear_block's epilogues: y = x @ w.T + bias; y += that (a residual); or, on interleaved gate/up
+# linear_block's epilogues: y = x @ w.T + bias; y += that (a residual); or, on interleaved gate/up
 # blocks (gate block c at 2c, up block c at 2c + 1, bias (2I,) gate then up), y = silu(gate) * up
 # with silu_mul's expression.
 STORE, ADD, SWIGLU = 0, 1, 2
@@ -42,7 +40,7 @@ def _tile_rows_impl(w):
 
 
 @njit(cache=True, nogil=True)
-def _linear_block(x, w, bias, y, b, mode):
+def linear_block(x, w, bias, y, b, mode):
     # Output block b (NL columns of y) for every row of x (float rows, or for an integer-dot layout
     # actquant.acts's int8 rows), in tiles of at most _tile_rows(w) rows: each weight vector is read
     # once per tile, the rows' chains never mix. A function of its own (not inlined): each parallel
@@ -85,7 +83,7 @@ def _linear_block(x, w, bias, y, b, mode):
 def _linear(x, w, bias, y):
     xa = acts(x, w, act_buffers(x.shape[0], x.shape[1]))
     for b in prange(w.shape[0]):
-        _linear_block(xa, w, bias, y, b, STORE)
+        linear_block(xa, w, bias, y, b, STORE)
     return y
 
 
@@ -106,23 +104,6 @@ def linear_np(x: np.ndarray, w: PackedWeight) -> np.ndarray:
 def linear(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     """x (M, K) float32 -> (M, N) float32."""
     return torch.from_numpy(linear_np(x.contiguous().numpy(), w))
-
-
-def fma_ref(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """Correctly rounded float32 a * b + c (IEEE fusedMultiplyAdd), in plain torch.
-
-    a * b is exact in float64 (24 + 24 bits < 53); the sum is computed in float64 with round-to-odd
-    (TwoSum gives its exact error; an inexact even result steps one ulp towards the error), and a
-    round-to-odd value with >= 2 extra bits rounds to float32 exactly as the exact sum would."""
-    p = a.double() * b.double()
-    c = c.double()
-    s = p + c
-    bb = s - p
-    err = (p - (s - bb)) + (c - bb)
-    even = (s.view(torch.int64) & 1) == 0
-    toward = torch.where(err > 0, torch.full_like(s, math.inf), torch.full_like(s, -math.inf))
-    s = torch.where((err != 0) & even, torch.nextafter(s, toward), s)
-    return s.float()
 
 
 def linear_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -32,7 +32,7 @@ def _rms_row(x, w, eps, y):
 # Serial: a row is tiny work, and a thread-pool wake-up costs more than it. (Serial or parallel
 # compile the same source without fastmath, so the bits are the same either way.)
 @njit(cache=True, nogil=True)
-def _rmsnorm(x, w, eps, y):
+def rmsnorm_into(x, w, eps, y):
     for m in range(x.shape[0]):
         _rms_row(x[m], w, eps, y[m])
     return y
@@ -42,7 +42,7 @@ def rmsnorm_np(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """x (M, H) float32 C-contiguous, w (H,) float32 -> (M, H)."""
     y = np.empty_like(x)
     if x.shape[0]:
-        _rmsnorm(x, w, np.float32(eps), y)
+        rmsnorm_into(x, w, np.float32(eps), y)
     return y
 
 
@@ -109,7 +109,7 @@ def _rope_head(x, c, s, out):
 
 
 @njit(cache=True, nogil=True)
-def _qkv_rope_cache(qkv, Hq, Hkv, D, q_norm, k_norm, eps, cos, sin, table, slot, pos, kt, v, q_out):
+def qkv_rope_cache_into(qkv, Hq, Hkv, D, q_norm, k_norm, eps, cos, sin, table, slot, pos, kt, v, q_out):
     tmp = np.empty(D, np.float32)
     kr = np.empty(D, np.float32)
     for r in range(qkv.shape[0]):
@@ -146,7 +146,7 @@ def qkv_rope_cache(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int, q_
     pos of slot's blocks (table (S, NB) int32, the blocks allocated). q_norm / k_norm: (D,) weights or empty arrays."""
     q = torch.empty(qkv.shape[0], n_heads, head_dim)
     if qkv.shape[0]:
-        _qkv_rope_cache(qkv.contiguous().numpy(), n_heads, n_kv, head_dim, q_norm, k_norm, np.float32(eps),
+        qkv_rope_cache_into(qkv.contiguous().numpy(), n_heads, n_kv, head_dim, q_norm, k_norm, np.float32(eps),
                         cos.numpy(), sin.numpy(), table, slot.numpy(), pos.numpy(), as_numpy(kt), as_numpy(v), q.numpy())
     return q
 

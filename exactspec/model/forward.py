@@ -8,7 +8,7 @@ is computed:
 * o-proj and down-proj add the residual in their store (x + (chain + bias), as `x + linear(a)`);
 * gate/up blocks are interleaved (gate block c, then up block c) so one task has both halves of
   intermediate columns c*NL .. c*NL+NL-1 and stores silu(g) * u with `silu_mul`'s expression
-  (`kernels.linear._linear_block`, mode SWIGLU).
+  (`kernels.linear.linear_block`, mode SWIGLU).
 Threads (prange) split output blocks of each linear and (row, head) pairs of attention, never one
 reduction, so the result does not depend on the thread count; the serial build (small calls)
 compiles the same source.
@@ -23,12 +23,12 @@ import numpy as np
 from numba import get_num_threads, njit, prange, types
 from numba.extending import overload
 
-from ..kernels.attention import _attend_task, attention_tasks
+from ..kernels.attention import attend_task, attention_tasks
 from ..kernels.layout import LAYOUTS, NL, QK
 from ..kernels.actquant import act_buffers, acts
-from ..kernels.linear import ADD, STORE, SWIGLU, _linear_block
+from ..kernels.linear import ADD, STORE, SWIGLU, linear_block
 from ..kernels.pack import PackedWeight, packed_shape
-from ..kernels.rows import _qkv_rope_cache, _rmsnorm
+from ..kernels.rows import qkv_rope_cache_into, rmsnorm_into
 from ..kernels.threads import TwoBuilds
 from .memory import ensure_fits
 
@@ -137,14 +137,14 @@ def _blocks_at(w, i):
 @njit(inline="always")
 def _linear_at(xa, w, i, bias, y, b, mode):
     # Block b of layer i's weight of a Stack kind w = (a, alt, sel): a[sel[i]] if sel[i] >= 0, else
-    # alt[-1 - sel[i]] (a kind's two formats). _linear_block is a function of its own, compiled once per
+    # alt[-1 - sel[i]] (a kind's two formats). linear_block is a function of its own, compiled once per
     # weight type: one format's two branches share it.
     a, alt, sel = w
     s = sel[i]
     if s >= 0:
-        _linear_block(xa, a[s], bias, y, b, mode)
+        linear_block(xa, a[s], bias, y, b, mode)
     else:
-        _linear_block(xa, alt[-1 - s], bias, y, b, mode)
+        linear_block(xa, alt[-1 - s], bias, y, b, mode)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -182,7 +182,7 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
     ab = act_buffers(R, max(H, Hq * D, I))  # int8 rows for integer-dot layouts, reused by every linear
     tasks = attention_tasks(slot, pos, Hq, Hkv, threads)
     for i in range(L):  # acts: each linear's input as its tile takes it (int8 rows for integer-dot layouts)
-        _rmsnorm(x, attn_norm[i], eps, h)
+        rmsnorm_into(x, attn_norm[i], eps, h)
         ha = acts(h, wqkv[0], ab)  # (wv, when apart, is quantized as wqkv is: the same rows serve)
         yqk = qkv[:, :nqk]
         for b in prange(_blocks_at(wqkv, i)):
@@ -191,13 +191,13 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
             yv = qkv[:, nqk:]
             for b in prange(_blocks_at(wv, i)):
                 _linear_at(ha, wv, i, bv[i], yv, b, STORE)
-        _qkv_rope_cache(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos, sin, table, slot, pos, kc[i], vc[i], q)
+        qkv_rope_cache_into(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos, sin, table, slot, pos, kc[i], vc[i], q)
         for t in prange(tasks.shape[0]):
-            _attend_task(tasks[t], q, kc[i], vc[i], table, slot, pos, scale, window, a3)
+            attend_task(tasks[t], q, kc[i], vc[i], table, slot, pos, scale, window, a3)
         aa = acts(a, wo[0], ab)
         for b in prange(_blocks_at(wo, i)):
             _linear_at(aa, wo, i, bo[i], x, b, ADD)
-        _rmsnorm(x, mlp_norm[i], eps, h)
+        rmsnorm_into(x, mlp_norm[i], eps, h)
         ha = acts(h, wgu[0], ab)
         for c in prange(_blocks_at(wgu, i) // 2):
             _linear_at(ha, wgu, i, bgu[i], act, c, SWIGLU)
@@ -209,12 +209,12 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
     xs = np.empty((n, H), np.float32)
     for r in range(n):
         xs[r] = x[out_rows[r]]
-    _rmsnorm(xs, norm, eps, hf)
+    rmsnorm_into(xs, norm, eps, hf)
     if hidden.shape[0]:
-        _rmsnorm(x, norm, eps, hidden)
+        rmsnorm_into(x, norm, eps, hidden)
     hfa = acts(hf, head, ab)
     for b in prange(head.shape[0]):
-        _linear_block(hfa, head, np.empty(0, np.float32), logits, b, STORE)
+        linear_block(hfa, head, np.empty(0, np.float32), logits, b, STORE)
     return logits
 
 

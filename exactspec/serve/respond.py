@@ -9,28 +9,37 @@ import difflib
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import AsyncIterator, Protocol
 
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from .. import receipt
+from ..api import Model
 from ..decode.request import Request
 from ..decode.sampling import TokenLogprob
 from ..text.stream import StopCut
-from .engine import EngineDown, Event, Job
+from .engine import Engine, EngineDown, Event, Job
+from .metrics import Metrics
 from .protocol import DONE, APIError, Shapes, _Sampling, chat_logprobs, completion_logprobs, error_body, sse, usage
 
-if TYPE_CHECKING:
-    from .app import Server
-
 log = logging.getLogger("exactspec.server")
+
+
+class Server(Protocol):
+    """What a response needs of the server (app.Server is one)."""
+    model: Model
+    name: str
+    engine: Engine
+    metrics: Metrics
+
+    def drain_left(self) -> float | None: ...
 
 
 class Generation:
     """One request's life on the event loop: submit, stream text pieces, cancel on disconnect."""
 
-    def __init__(self, app: "Server", req: Request):
+    def __init__(self, app: Server, req: Request):
         self.app, self.loop = app, asyncio.get_running_loop()
         self.q: asyncio.Queue[Event] = asyncio.Queue()
         self.job = Job(req, self._event)
@@ -127,7 +136,7 @@ class Reply:
     """The response to one body: `kind` "text" (completions) or "chat"; `reqs` its choices'
     Requests (n, or best_of candidates); `prompt_lps` the echoed prompt's logprobs, when asked."""
 
-    def __init__(self, app: "Server", kind: str, r: _Sampling, reqs: list[Request], want_lp: bool, echo: bool,
+    def __init__(self, app: Server, kind: str, r: _Sampling, reqs: list[Request], want_lp: bool, echo: bool,
                  prompt_lps: list[TokenLogprob] | None):
         self.app, self.kind, self.r, self.reqs, self.want_lp = app, kind, r, reqs, want_lp
         self.prompt = list(reqs[0].prompt)
