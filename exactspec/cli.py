@@ -119,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "identity checked")
     d.add_argument("--max-new-tokens", type=int, default=None, help="default: 160 (SmolLM2), 128 (toy pair)")
     d.add_argument("--num-draft-tokens", type=_draft_len, default="auto")
-    d.add_argument("--dtype", default="bfloat16", choices=["auto", "float32", "bfloat16"])
+    d.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="auto (default): the file as stored and as `exactspec serve` runs it (Q4_1 kept "
+                   "quantized, int8 activations); bfloat16 / float32: its weights dequantized")
     d.add_argument("--toy", action="store_true", help="the bundled toy pair instead of SmolLM2")
     d.add_argument("--offline", action="store_true", help="never download (SmolLM2 only if already cached)")
     d.add_argument("--folder", default=None, help="a toy pair folder with target/ and draft/")

@@ -40,9 +40,11 @@ def demo_folder() -> Path:
 
 
 def run(folder: Path | None = None, max_new_tokens: int | None = None, k: int | str = "auto",
-        dtype: str = "bfloat16", repetition_penalty: float | None = None, out=sys.stdout, toy: bool = False,
+        dtype: str = "auto", repetition_penalty: float | None = None, out=sys.stdout, toy: bool = False,
         download: bool = True) -> list[dict]:
-    """The SmolLM2 demo, or the toy pair (`toy`, an explicit `folder`, or SmolLM2 unavailable)."""
+    """The SmolLM2 demo, or the toy pair (`toy`, an explicit `folder`, or SmolLM2 unavailable). dtype
+    "auto": SmolLM2's file as it is stored and as `exactspec serve` runs it (Q4_1 kept quantized, int8
+    activations); the HF folders (the toy pair, SmolLM2's draft) as bfloat16."""
     from . import fetch
     if not toy and folder is None:
         try:
@@ -51,7 +53,13 @@ def run(folder: Path | None = None, max_new_tokens: int | None = None, k: int | 
             out.write(f"(SmolLM2 unavailable: {e})\n(running the bundled toy pair instead)\n")
         else:
             return run_smollm2(path, max_new_tokens or 160, k, dtype, repetition_penalty or 1.0, out)
-    return run_toy(folder or demo_folder(), max_new_tokens or 128, k, dtype, repetition_penalty or 1.2, out)
+    return run_toy(folder or demo_folder(), max_new_tokens or 128, k, _folder_dtype(dtype), repetition_penalty or 1.2,
+                   out)
+
+
+def _folder_dtype(dtype: str) -> str:
+    """A HF folder's weights under "auto": bfloat16 (half the bytes a step reads; float32 math)."""
+    return "bfloat16" if dtype == "auto" else dtype
 
 
 def run_smollm2(path: Path, max_new_tokens: int, k: int | str, dtype: str, repetition_penalty: float,
@@ -66,13 +74,14 @@ def run_smollm2(path: Path, max_new_tokens: int, k: int | str, dtype: str, repet
     methods.append(("prompt lookup", "lookup"))
     draft_dir = demo_folder() / "smollm2-draft"
     if (draft_dir / "config.json").is_file():
-        methods.append(("draft model", load(draft_dir, dtype=dtype, max_context=1024)))
-    out.write(f"SmolLM2-135M-Instruct ({path.name}, weights as {dtype}); drafters: "
+        methods.append(("draft model", load(draft_dir, dtype=_folder_dtype(dtype), max_context=1024)))
+    weights = f"{target.net.dtype} weights, {target.net.activations} activations"
+    out.write(f"SmolLM2-135M-Instruct ({path.name}, {weights}); drafters: "
               f"{', '.join(n for n, d in methods if d is not None)}\n")
     prompts = [(what, chat.render(target.tokenizer.config, [{"role": "user", "content": msg}]), msg)
                for what, msg in CHAT_PROMPTS]
     return _compare(target, prompts, methods, max_new_tokens, k, repetition_penalty, out,
-                    f"greedy, k={k}, {dtype} weights, {len(prompts)} chats x up to {max_new_tokens} new tokens")
+                    f"greedy, k={k}, {weights}, {len(prompts)} chats x up to {max_new_tokens} new tokens")
 
 
 def run_toy(folder: Path, max_new_tokens: int, k: int | str, dtype: str, repetition_penalty: float,

@@ -34,6 +34,7 @@ def test_smollm2_demo_chats_and_is_identical(smollm2):
                                              "draft model"]
     assert all(r["identical"] for r in rows)
     assert "SmolLM2-135M-Instruct" in buf.getvalue() and "acc" in buf.getvalue()  # the code-edit answer
+    assert "q4_1" in buf.getvalue() and "int8 activations" in buf.getvalue()  # as the server runs the file
 
 
 def test_demo_offline_without_cache_says_so_and_runs_the_toy_pair(tmp_path, monkeypatch):
