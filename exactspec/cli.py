@@ -20,6 +20,8 @@ def _draft_len(v: str) -> int | str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .decode.sampling import SamplingParams
+    from .serve.options import ServeOptions, add_flags
     ap = argparse.ArgumentParser(prog="exactspec", description="Exact speculative decoding on the CPU.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="complete a prompt (streams text as it is produced)")
@@ -42,12 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-draft-tokens", type=_draft_len, default="auto", help="k, 'dynamic' or 'auto' (by measured cost)")
     g.add_argument("--draft-branches", type=int, default=1, help="tree verification: up to N-1 runners-up of a head's "
                    "first draft token verified beside it, where the measured costs say it pays (default 1: a chain)")
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--min-p", type=float, default=0.0)
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
+    add_flags(g, SamplingParams)  # --temperature, --top-k, ... --seed: one per field
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--threads", type=int, default=None, help="kernel threads (output does not depend on it)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -76,39 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--num-draft-tokens", type=_draft_len, default="auto")
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8000)
-    v.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
-    v.add_argument("--prefill-chunk", type=int, default=16,
-                   help="prompt tokens fed per step (a long prompt shares its steps with the others' decoding; "
-                        "output identical for any value)")
-    v.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
+    add_flags(v, ServeOptions)  # --max-batch, --api-key, ... : one per field, help and default there
     v.add_argument("--max-context", type=int, default=None)
     v.add_argument("--threads", type=int, default=None)
-    v.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY on /v1/* "
-                                                   "(default: $EXACTSPEC_API_KEY; none = open)")
-    v.add_argument("--protect-metrics", action="store_true", help="require the key on /health and /metrics too")
-    v.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
-    v.add_argument("--max-stops", type=int, default=16, help="stop strings per request")
-    v.add_argument("--max-n", type=int, default=8, help="choices per request (n, best_of)")
-    v.add_argument("--max-prompts", type=int, default=64, help="prompts per completions request (a batch)")
-    v.add_argument("--logprobs-mode", default="raw", choices=["raw", "processed"],
-                   help="logprobs of the model's logits (raw) or after the sampling filters (processed)")
-    v.add_argument("--max-stop-chars", type=int, default=256, help="characters per stop string")
-    v.add_argument("--max-prompt-chars", type=int, default=1 << 20, help="characters of a rendered chat prompt")
-    v.add_argument("--allowed-hosts", nargs="+", default=[], help="accepted Host header values (default: any)")
-    v.add_argument("--max-connections", type=int, default=512, help="open connections before 503")
-    v.add_argument("--keep-alive", type=float, default=5.0, help="seconds an idle keep-alive connection stays")
-    v.add_argument("--read-timeout", type=float, default=15.0, help="seconds a request's headers and body may take")
-    v.add_argument("--shutdown-grace", type=float, default=10.0,
-                   help="on SIGTERM/SIGINT: seconds in-flight requests may finish before each is ended cleanly")
-    v.add_argument("--prefix-cache-mb", type=int, default=256,
-                   help="KV blocks of earlier prompts kept for reuse by later ones with the same start (output "
-                        "identical on or off); 0: off")
-    v.add_argument("--draft-branches", type=int, default=1, help="tree verification: up to N-1 runners-up of a head's "
-                   "first draft token verified beside it, where the measured costs say it pays (default 1: a chain)")
-    v.add_argument("--prefix-cache-scope", default="shared", choices=["shared", "authorization"],
-                   help="share cached prefixes among all requests, or only among those with the same Authorization "
-                        "header (a hit answers faster: a timing side channel between tenants); a request's "
-                        "cache_salt narrows it further")
     v.add_argument("--ray", action="store_true", help="serve replicas on Ray Serve (pip install 'exactspec[ray]')")
     v.add_argument("--replicas", type=int, default=1, help="--ray: replicas (each one engine)")
     v.add_argument("--max-replicas", type=int, default=None, help="--ray: autoscale from --replicas up to this")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -26,12 +26,13 @@ MIN_TEMPERATURE = 1e-5  # below it (and above 0), sampling is greedy: documented
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = 0  # None: greedy ignores it; sampling draws one at make_request (`resolved`)
+    temperature: float = field(default=0.0, metadata={"help": "0 = greedy (so is anything below 1e-5)"})
+    top_k: int = field(default=0, metadata={"help": "keep the k likeliest tokens (0 = off)"})
+    top_p: float = field(default=1.0, metadata={"help": "keep the likeliest tokens whose mass reaches p"})
+    min_p: float = field(default=0.0, metadata={"help": "drop tokens below min_p x the likeliest's probability"})
+    repetition_penalty: float = field(default=1.0, metadata={"help": "divide the logits of tokens seen before"})
+    # None: greedy ignores it; sampling draws one at make_request (`resolved`)
+    seed: int | None = field(default=0, metadata={"help": "the sampling seed (the same seed, the same tokens)"})
 
     def __post_init__(self) -> None:
         def number(name: str, ok, rule: str) -> None:

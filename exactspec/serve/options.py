@@ -5,36 +5,50 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import InvalidRequest
+
+
+def opt(default, help: str, **flag):
+    """A field with its flag's help (and argparse keywords such as `choices`): the one place an
+    option's name, type, default and help are written (`add_flags` makes the flags from them)."""
+    return field(default=default, metadata={"help": help, **flag})
 
 
 @dataclass(frozen=True)
 class ServeOptions:
     """What `exactspec serve` lets an operator set; every limit answers with a clear 4xx."""
     _MAY_BE_ZERO = ("prefix_cache_mb",)
-    max_batch: int = 8  # sequences decoded together
-    prefill_chunk: int = 16  # prompt tokens fed per step: a long prompt interleaves with the others' decoding
-    max_queue: int = 64  # waiting requests before 429
-    max_n: int = 8  # choices (n, best_of) per request
-    max_prompts: int = 64  # prompts per completions request (a list of texts or of token-id lists)
-    logprobs_mode: str = "raw"  # "raw" or "processed" (after the sampling filters), as vLLM's flag
-    api_key: str | None = None  # required as `Authorization: Bearer KEY` on /v1/*
-    protect_metrics: bool = False  # the key on /health and /metrics too
-    max_body_bytes: int = 1 << 20  # 413 above
-    max_stops: int = 16  # stop strings per request
-    max_stop_chars: int = 256  # characters per stop string
-    max_prompt_chars: int = 1 << 20  # a rendered chat prompt's characters
-    allowed_hosts: tuple[str, ...] = ()  # Host header values accepted (empty: any)
-    max_connections: int = 512  # uvicorn's limit_concurrency: 503 above
-    keep_alive: float = 5.0  # idle keep-alive connections close after this
-    read_timeout: float = 15.0  # a request's headers and body must arrive within this
-    shutdown_grace: float = 10.0  # on SIGTERM/SIGINT: seconds in-flight requests may still finish
-    prefix_cache_mb: int = 256  # KV blocks of earlier prompts kept for reuse (exact: same bits); 0: off
-    prefix_cache_scope: str = "shared"  # "shared" or "authorization": only requests with the same
-    #   Authorization header share blocks (a cache hit answers faster: a timing side channel between tenants)
-    draft_branches: int = 1  # tree verification: up to N-1 runners-up of a head's first draft token, where they pay
+    max_batch: int = opt(8, "sequences decoded together")
+    prefill_chunk: int = opt(16, "prompt tokens fed per step (a long prompt shares its steps with the others' "
+                             "decoding; output identical for any value)")
+    max_queue: int = opt(64, "waiting requests before 429")
+    max_n: int = opt(8, "choices per request (n, best_of)")
+    max_prompts: int = opt(64, "prompts per completions request (a batch)")
+    logprobs_mode: str = opt("raw", "logprobs of the model's logits (raw) or after the sampling filters "
+                             "(processed), as vLLM's flag", choices=["raw", "processed"])
+    api_key: str | None = opt(None, "require Authorization: Bearer KEY on /v1/* (default: $EXACTSPEC_API_KEY; "
+                              "none = open)")
+    protect_metrics: bool = opt(False, "require the key on /health and /metrics too")
+    max_body_bytes: int = opt(1 << 20, "larger request bodies get 413")
+    max_stops: int = opt(16, "stop strings per request")
+    max_stop_chars: int = opt(256, "characters per stop string")
+    max_prompt_chars: int = opt(1 << 20, "characters of a rendered chat prompt")
+    allowed_hosts: tuple[str, ...] = opt((), "accepted Host header values (default: any)")
+    max_connections: int = opt(512, "open connections before 503 (uvicorn's limit_concurrency)")
+    keep_alive: float = opt(5.0, "seconds an idle keep-alive connection stays")
+    read_timeout: float = opt(15.0, "seconds a request's headers and body may take")
+    shutdown_grace: float = opt(10.0, "on SIGTERM/SIGINT: seconds in-flight requests may finish before each is "
+                                "ended cleanly")
+    prefix_cache_mb: int = opt(256, "KV blocks of earlier prompts kept for reuse by later ones with the same start "
+                               "(output identical on or off); 0: off")
+    prefix_cache_scope: str = opt("shared", "share cached prefixes among all requests, or only among those with the "
+                                  "same Authorization header (a hit answers faster: a timing side channel between "
+                                  "tenants); a request's cache_salt narrows it further",
+                                  choices=["shared", "authorization"])
+    draft_branches: int = opt(1, "tree verification: up to N-1 runners-up of a head's first draft token verified "
+                              "beside it, where the measured costs say it pays (default 1: a chain)")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -55,3 +69,20 @@ class ServeOptions:
         kw["allowed_hosts"] = tuple(kw.get("allowed_hosts") or ())
         kw["api_key"] = kw.get("api_key") or os.environ.get("EXACTSPEC_API_KEY") or None
         return cls(**kw)
+
+
+def add_flags(parser: argparse.ArgumentParser, cls, defaults: dict | None = None) -> None:
+    """A flag per field of the dataclass `cls` (--max-batch for max_batch), typed by its default (a bool
+    is a switch, a tuple takes several values), with the field's help; `defaults` overrides a default."""
+    for f in dataclasses.fields(cls):
+        default = (defaults or {}).get(f.name, f.default)
+        kw = {k: v for k, v in f.metadata.items()}
+        kw.setdefault("help", None)
+        name = "--" + f.name.replace("_", "-")
+        if isinstance(default, bool):
+            parser.add_argument(name, action="store_true", default=default, **kw)
+        elif isinstance(default, tuple):
+            parser.add_argument(name, nargs="+", default=list(default), **kw)
+        else:
+            typ = type(default) if default is not None else str
+            parser.add_argument(name, type=typ, default=default, **kw)

@@ -1,5 +1,6 @@
-"""The CLI's flags are built into ServeOptions and SamplingParams by name, not copied field by field:
-every field has its flag, and the values arrive."""
+"""The CLI's flags are made from ServeOptions' and SamplingParams' fields (name, type, default, help:
+written once, in the dataclass) and built back into them by name: every field has its flag, and the
+values arrive."""
 import dataclasses
 
 import pytest
@@ -21,6 +22,7 @@ def test_every_serve_option_has_a_flag_and_arrives(monkeypatch):
     assert (o.max_batch, o.read_timeout, o.allowed_hosts, o.protect_metrics, o.api_key) == (3, 2.5, ("a", "b"), True, "k")
     defaults = ServeOptions.from_args(build_parser().parse_args(["serve", "--model", "m"]))
     assert defaults == ServeOptions()  # the flags' defaults are the options' defaults
+    assert all(f.metadata.get("help") for f in dataclasses.fields(ServeOptions))  # each documented once, there
     monkeypatch.setenv("EXACTSPEC_API_KEY", "env-key")
     assert ServeOptions.from_args(build_parser().parse_args(["serve", "--model", "m"])).api_key == "env-key"
 
