@@ -74,9 +74,9 @@ def default_model(arg: str | None = None) -> str:
     """`arg`, else the demo's SmolLM2-135M-Instruct Q4_1 file (cached, or fetched once), else the toy target."""
     if arg:
         return arg
-    from exactspec import fetch
+    from exactspec.tools import fetch
     try:
         return str(fetch.smollm2(quiet=True))
     except fetch.FetchError:
-        from exactspec.demo import demo_folder
+        from exactspec.tools.demo import demo_folder
         return str(demo_folder() / "target")

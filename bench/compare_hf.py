@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 import exactspec
-from exactspec.demo import PROMPTS, demo_folder
+from exactspec.tools.demo import PROMPTS, demo_folder
 from exactspec.hf.diff import first_divergence
 
 

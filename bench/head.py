@@ -20,8 +20,8 @@ import argparse
 import time
 
 import exactspec
-from exactspec import fetch
-from exactspec.demo import CHAT_PROMPTS, demo_folder
+from exactspec.tools import fetch
+from exactspec.tools.demo import CHAT_PROMPTS, demo_folder
 from exactspec.text import chat
 
 TEXT = ("The Rhine is a river that begins in the Swiss Alps, flows through Germany and the Netherlands, and "

@@ -23,7 +23,7 @@ import httpx
 import openai
 
 from common import serving
-from exactspec.demo import demo_folder
+from exactspec.tools.demo import demo_folder
 
 PROMPTS = ["def is_prime(n):\n", "class Stack:\n    def __init__(self):\n", "import os\nimport sys\n\n",
            "def read_lines(path):\n    \"\"\"Return the lines of a file.\"\"\"\n", "for i in range(10):\n",

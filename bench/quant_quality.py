@@ -66,7 +66,7 @@ def llama_perplexity(binary: str, gguf: str, body: str, ctx: int, chunks: int, t
 
 def main() -> None:
     import exactspec
-    from exactspec import fetch
+    from exactspec.tools import fetch
     from exactspec.text.chat import render
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", default=None, help="default: the demo's SmolLM2-135M-Instruct Q4_1 file")

@@ -22,7 +22,7 @@ import exactspec
 import exactspec.hf
 from exactspec.text import chat
 from exactspec.hf import diff
-from exactspec import fetch
+from exactspec.tools import fetch
 from common import table as markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent

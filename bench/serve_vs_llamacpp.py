@@ -92,7 +92,7 @@ def one_by_one(url: str, prompts: list[str], tokens: int, system: str | None = N
 
 def spec_methods(a, model: str) -> None:
     """Each side's speculative methods, 1 client: tok/s over its own greedy, texts equal its own greedy."""
-    from exactspec.demo import demo_folder
+    from exactspec.tools.demo import demo_folder
     prompts = PROMPTS[: a.spec_prompts]
     ours = [("greedy", []), ("lookup", ["--draft", "lookup"]), ("pool", ["--draft", "pool"]),
             ("head", ["--draft", "head"]), ("head+pool", ["--draft", "head+pool"]), ("draft model", ["--draft", str(demo_folder() / "smollm2-draft")])]

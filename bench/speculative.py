@@ -24,7 +24,7 @@ PROMPTS = [
 
 
 def random_pair(folder: Path) -> tuple[Path, Path]:
-    from exactspec.testing import make_checkpoint
+    from exactspec.tools.testing import make_checkpoint
     t = make_checkpoint(folder / "target", "llama", seed=0, near_ties=False, layers=8, hidden=512,
                         num_attention_heads=8, num_key_value_heads=4)
     d = make_checkpoint(folder / "draft", "llama", seed=1, near_ties=False, layers=1, hidden=128)

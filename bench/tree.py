@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 import exactspec
-from exactspec import fetch
+from exactspec.tools import fetch
 from exactspec.decode.cost import fastest, one_row_seconds, verify_costs
 from exactspec.decode.head import HeadDrafter
 from exactspec.decode.loop import run_batch

@@ -171,7 +171,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from .serve.app import serve
     from .serve.options import ServeOptions
     if a.model is None:  # the demo's model, as `exactspec demo` fetches it
-        from .fetch import smollm2
+        from .tools.fetch import smollm2
         a.model = str(smollm2())
     if a.threads is not None:
         set_num_threads(a.threads)
@@ -207,7 +207,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
 def cmd_demo(a: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .demo import run
+    from .tools.demo import run
     rows = run(Path(a.folder) if a.folder else None, a.max_new_tokens, a.num_draft_tokens, a.dtype,
                a.repetition_penalty, toy=a.toy, download=not a.offline)
     return 0 if all(r["identical"] for r in rows) else 1
@@ -216,7 +216,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
 def cmd_distill(a: argparse.Namespace) -> int:
     from pathlib import Path
     try:
-        from .train import distill
+        from .tools.distill import distill
     except ImportError as e:
         raise ExactSpecError(f"distill needs the training extra: pip install 'exactspec[hf]' ({e})") from None
     if a.head:
@@ -231,7 +231,7 @@ def cmd_distill(a: argparse.Namespace) -> int:
 def _distill_head(a: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from . import head_train as HT
+    from .tools import head_train as HT
     from . import load
     model = load(a.target, dtype=a.dtype, max_context=1024)
     if a.prompts is not None:

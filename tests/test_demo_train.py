@@ -6,7 +6,7 @@ import sys
 import pytest
 
 import exactspec
-from exactspec.demo import demo_folder, run
+from exactspec.tools.demo import demo_folder, run
 
 
 @pytest.mark.skipif(not (demo_folder() / "draft" / "config.json").is_file(), reason="demo pair not trained yet")

@@ -34,7 +34,7 @@ def _cli() -> tuple[set[str], set[str]]:
 
 
 def _scripts_text() -> str:
-    return "\n".join(p.read_text() for d in ("bench", "train") for p in (ROOT / d).rglob("*.py"))
+    return "\n".join(p.read_text() for d in ("bench", "scripts") for p in (ROOT / d).rglob("*.py"))
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
@@ -51,7 +51,7 @@ def test_paths_modules_commands_and_flags_exist(page):
     scripts = _scripts_text()
     bad = []
     for span in _spans(page.read_text()):
-        for path in re.findall(r"(?<![\w.~/-])((?:exactspec|tests|bench|docs|train|\.ci|kernels|decode|model|text|"
+        for path in re.findall(r"(?<![\w.~/-])((?:exactspec|tests|bench|docs|scripts|\.ci|kernels|decode|model|text|"
                                r"serve|hf)/[\w./-]*[\w/])(?:::(\w+))?", span):
             p, name = path
             hit = next((q for q in (ROOT / p, ROOT / "exactspec" / p) if q.exists()), None)

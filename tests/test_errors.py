@@ -73,7 +73,7 @@ def test_wrong_shape_is_named(copy):
 
 
 def test_sharded_checkpoint_loads_and_missing_shard_is_named(ckpt, tmp_path):
-    from exactspec.testing import hf_model
+    from exactspec.tools.testing import hf_model
     d = tmp_path / "sharded"
     hf_model(ckpt("qwen3")).save_pretrained(d, max_shard_size="100KB")
     shutil.copy(ckpt("qwen3") / "tokenizer.json", d)

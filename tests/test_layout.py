@@ -17,7 +17,7 @@ LAYERS = [
     {"api", "receipt"},
     {"hf"},
     {"serve"},
-    {"cli", "demo", "fetch", "train", "head_train", "testing", "__init__"},
+    {"cli", "tools", "__init__"},
 ]
 RANK = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}
 

@@ -27,7 +27,7 @@ def test_the_wheel_carries_the_package_and_the_demo_models(tmp_path):
     # installed from the wheel (dependencies from this environment), away from the source tree:
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(tmp_path / "site"),
                     str(wheel)], check=True, timeout=600)
-    code = ("import exactspec; from exactspec.demo import demo_folder; d = demo_folder(); "
+    code = ("import exactspec; from exactspec.tools.demo import demo_folder; d = demo_folder(); "
             "assert d.is_relative_to(%r), (exactspec.__file__, d); "
             "m = exactspec.load(d / 'smollm2-draft'); print(m.cfg.arch, m.cfg.n_layers)") % str(tmp_path / "site")
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"))

@@ -10,7 +10,7 @@ the drafted token) -> guess of h_{p+2} -> ... The verify forward hands the true 
 committed positions back (`observe`), so each step starts again from the target's own states at no
 extra target forward.
 
-A head folder (`exactspec distill --head`, exactspec/head_train.py):
+A head folder (`exactspec distill --head`, exactspec/tools/head_train.py):
   config.json, model.safetensors  the layer as a one-layer Llama over the draft vocabulary (its
                                   tied embedding = the target's LM head rows of those tokens)
   head.safetensors                fc.weight (H, 2H); vocab (Vd,) int64, the draft vocabulary's ids

@@ -1,4 +1,4 @@
-"""The drafting head on the target's hidden states (decode/head.py, head_train.py). Only the speed
+"""The drafting head on the target's hidden states (decode/head.py, tools/head_train.py). Only the speed
 depends on it: tokens (and logprobs) are plain decoding's for any k, sampling, batch, chunking,
 prefix-cache hit and thread count. A head trained for another model is refused by name."""
 import json
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import exactspec
-from exactspec import head_train as HT
+from exactspec.tools import head_train as HT
 from exactspec import kernels as K
 from exactspec.decode import loop
 from exactspec.decode.head import HeadDrafter, load_head

@@ -11,7 +11,7 @@ import exactspec.hf as H
 from exactspec.hf import diff
 from exactspec.cli import main
 from exactspec.errors import InvalidRequest
-from exactspec.testing import random_model
+from exactspec.tools.testing import random_model
 
 tf.logging.set_verbosity_error()
 

@@ -9,7 +9,7 @@ import exactspec
 import exactspec.hf as H
 import exactspec.hf.patching as HP
 from exactspec.errors import InvalidRequest, UnsupportedModelError
-from exactspec.testing import config_for, random_model
+from exactspec.tools.testing import config_for, random_model
 
 tf.logging.set_verbosity_error()
 GREEDY = dict(do_sample=False, eos_token_id=None, pad_token_id=0)

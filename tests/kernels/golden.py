@@ -96,7 +96,7 @@ def record() -> dict:
             p = K.pack_quant(quant.quantize((_ints(rng4, (77, 64), 0.3) + 0.7).numpy(), fmt))
             x = _ints(rng4, (13, 64), 1.7) + _ints(rng4, (13, 64), 1e-3)
             out[f"linear_{fmt}"] = _sha(torch.cat([K.linear(x[:m], p) for m in range(1, 14)]))
-        from exactspec.testing import q4_k_blocks
+        from exactspec.tools.testing import q4_k_blocks
         rng4 = np.random.default_rng(4)
         p = K.pack_quant(quant.from_blocks(q4_k_blocks(77, 256, seed=4), "q4_k", 77, 256))
         x = _ints(rng4, (13, 256), 1.7) + _ints(rng4, (13, 256), 1e-3)
@@ -113,7 +113,7 @@ def record() -> dict:
                   quant.quantize((_ints(rngi, (77, 256), 0.3) + 0.7).numpy(), fmt))
             p = K.pack_quant(wq, int_dot=True)
             out[f"linear_{fmt}i"] = _sha(torch.cat([K.linear(x[:m], p) for m in range(1, 14)]))
-        from exactspec.testing import K_QUANT_BLOCKS
+        from exactspec.tools.testing import K_QUANT_BLOCKS
         for fmt in ("q6_k", "q5_k"):  # Q6_K: an int8 scale per 16 k's
             wq = quant.from_blocks(K_QUANT_BLOCKS[fmt](77, 256, seed=6), fmt, 77, 256)
             for int_dot in (False, True):  # both paths

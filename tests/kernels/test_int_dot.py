@@ -9,7 +9,7 @@ import torch
 from exactspec import kernels as K
 from exactspec.kernels import cpu, layout, quant
 from exactspec.kernels.actquant import linear_int_ref, quantize_rows, quantize_rows_ref
-from exactspec.testing import K_QUANT_BLOCKS as KQ  # super-blocks of 256
+from exactspec.tools.testing import K_QUANT_BLOCKS as KQ  # super-blocks of 256
 
 FORMATS = quant.FORMATS
 

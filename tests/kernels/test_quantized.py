@@ -12,7 +12,7 @@ import exactspec
 from exactspec import kernels as K
 from exactspec.kernels import quant
 from exactspec.kernels import layout
-from exactspec.testing import K_QUANT_BLOCKS as KQ, random_model
+from exactspec.tools.testing import K_QUANT_BLOCKS as KQ, random_model
 from tests.model.test_gguf import _ids, write_gguf
 
 FORMATS = quant.FORMATS

@@ -15,7 +15,7 @@ import torch
 import exactspec
 from exactspec.text import chat
 from exactspec.errors import CheckpointError
-from exactspec.testing import random_model
+from exactspec.tools.testing import random_model
 from tests.model.test_gguf import write_gguf
 
 MSGS = [{"role": "user", "content": "def add(a, b):"}]
@@ -142,7 +142,7 @@ def test_smollm2_speculative_is_identical(smollm2):
     for k in (1, 4, "dynamic"):
         assert [r.token_ids for r in m.generate_batch(prompts, 48, draft="lookup", num_draft_tokens=k)] == plain
     assert m.generate(prompts[0], 48, draft="lookup").token_ids == plain[0]  # alone == in a batch
-    from exactspec.demo import demo_folder
+    from exactspec.tools.demo import demo_folder
     draft = exactspec.load(demo_folder() / "smollm2-draft", dtype="bfloat16")  # the shipped distilled draft
     from safetensors.torch import load_file
     assert 5e6 <= sum(v.numel() for v in load_file(demo_folder() / "smollm2-draft" / "model.safetensors").values()) <= 15e6

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from exactspec.errors import ExactSpecError
 from exactspec.model.gguf_file import GGUFFile
-from exactspec.testing import random_model
+from exactspec.tools.testing import random_model
 from tests.model.test_gguf import write_gguf
 
 SETTINGS = settings(max_examples=400, deadline=None, derandomize=True,

@@ -11,7 +11,7 @@ import torch
 
 import exactspec
 from exactspec.errors import CheckpointError, UnsupportedModelError, WeightError
-from exactspec.testing import K_QUANT_BLOCKS, random_model
+from exactspec.tools.testing import K_QUANT_BLOCKS, random_model
 
 
 def _permute(w: torch.Tensor, heads: int) -> torch.Tensor:  # as llama.cpp's converter stores llama q/k rows

@@ -4,7 +4,7 @@ import torch
 
 import exactspec
 from tests.helpers import ARCHS
-from exactspec.testing import hf_model
+from exactspec.tools.testing import hf_model
 
 
 def _prompt(n, seed=0, vocab=320):

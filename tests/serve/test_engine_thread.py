@@ -59,7 +59,7 @@ def test_loading_a_model_or_head_starts_no_thread_pool(tmp_path):
     head then ran at half speed in the server (0.50x of greedy where the library gave 0.87-0.94x)."""
     import subprocess
     import sys
-    from exactspec.testing import make_checkpoint
+    from exactspec.tools.testing import make_checkpoint
     folder = make_checkpoint(tmp_path / "m", "llama", hidden=256, layers=1)  # tensors above torch's grain size
     code = ("import os, torch, exactspec\n"
             "exactspec.kernels.rope_table(torch.ones(2), 2)\n"  # numba's first call starts a helper thread of its own

@@ -50,7 +50,8 @@ def test_sampling_params_or_keywords_not_both():
 
 def test_serve_without_model_serves_the_demo_model(ckpt, monkeypatch):
     """`exactspec serve` with no --model: the demo's SmolLM2 file (here a stand-in), fetched as `demo` does."""
-    from exactspec import cli, fetch
+    from exactspec import cli
+    from exactspec.tools import fetch
     from exactspec.serve import app
     folder = ckpt("qwen2")
     served = {}

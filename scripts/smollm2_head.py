@@ -1,7 +1,7 @@
 """The shipped drafting head for SmolLM2-135M-Instruct (exactspec/assets/smollm2-head), built offline
 on 2 cores from the Q4_1 file the demo runs (`exactspec distill --head` does the same for any model):
 
-    python train/smollm2_head.py --out exactspec/assets/smollm2-head [--record-minutes 12] [--train-minutes 20]
+    python scripts/smollm2_head.py --out exactspec/assets/smollm2-head [--record-minutes 12] [--train-minutes 20]
 
 Prompts: general chat questions plus ones made from the Python standard library (a module's purpose,
 a function to write from its docstring, a function's source to edit, explain or translate).
@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 import exactspec
-from exactspec import fetch
-from exactspec import head_train as HT
+from exactspec.tools import fetch
+from exactspec.tools import head_train as HT
 
 
 def main() -> None:

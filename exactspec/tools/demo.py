@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 TOY_PROMPTS = [
     'def is_prime(n):\n    """Return True if n is a prime number."""\n',
@@ -36,7 +36,7 @@ CHAT_PROMPTS = [  # (what it shows, user message)
 def demo_folder() -> Path:
     """The models shipped in the package (package data, so a wheel install has them too): the toy
     pair (target/, draft/), SmolLM2's distilled draft (smollm2-draft/) and its head (smollm2-head/)."""
-    return Path(__file__).resolve().parent / "assets"
+    return Path(__file__).resolve().parent.parent / "assets"
 
 
 def run(folder: Path | None = None, max_new_tokens: int | None = None, k: int | str = "auto",
@@ -64,9 +64,9 @@ def _folder_dtype(dtype: str) -> str:
 
 def run_smollm2(path: Path, max_new_tokens: int, k: int | str, dtype: str, repetition_penalty: float,
                 out=sys.stdout) -> list[dict]:
-    from .decode.head import shipped_head
-    from .text import chat
-    from . import load
+    from ..decode.head import shipped_head
+    from ..text import chat
+    from .. import load
     target = load(path, dtype=dtype, max_context=1024)
     methods: list[tuple[str, object]] = [("plain greedy", None)]
     if shipped_head(target.net, target.tokenizer) is not None:  # a head on its hidden states, and beside lookup
@@ -86,10 +86,10 @@ def run_smollm2(path: Path, max_new_tokens: int, k: int | str, dtype: str, repet
 
 def run_toy(folder: Path, max_new_tokens: int, k: int | str, dtype: str, repetition_penalty: float,
             out=sys.stdout) -> list[dict]:
-    from . import load
+    from .. import load
     if not (folder / "target").is_dir() or not (folder / "draft").is_dir():
         raise CheckpointError(f"{folder}: the demo pair (target/, draft/) is missing; "
-                              f"train it with `python train/demo_pair.py --out {folder}`")
+                              f"train it with `python scripts/demo_pair.py --out {folder}`")
     target = load(folder / "target", dtype=dtype)
     draft = load(folder / "draft", dtype=dtype)
     methods = [("plain greedy", None), ("draft model", draft), ("prompt lookup", "lookup")]

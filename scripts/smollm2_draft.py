@@ -8,7 +8,7 @@
    chat prompts made from the standard library (one per documented function and module), then
    the distilled draft fine-tuned on those transcripts (next-token CE).
 
-    python train/smollm2_draft.py --init /tmp/distill/smollm2-draft --out exactspec/assets/smollm2-draft \\
+    python scripts/smollm2_draft.py --init /tmp/distill/smollm2-draft --out exactspec/assets/smollm2-draft \\
         [--gen-minutes 12] [--train-minutes 15]
 """
 from __future__ import annotations
@@ -23,9 +23,9 @@ import torch
 
 import exactspec
 from exactspec.text import chat
-from exactspec import fetch
-from exactspec import head_train as HT
-from exactspec import train as T
+from exactspec.tools import fetch
+from exactspec.tools import head_train as HT
+from exactspec.tools import distill as T
 
 GENERAL = HT.GENERAL
 

@@ -1,6 +1,6 @@
 """Train the shipped demo pair on the Python standard library's own source, offline, on the CPU.
 
-    python train/demo_pair.py --out demo [--target-minutes 45 --draft-minutes 20]
+    python scripts/demo_pair.py --out demo [--target-minutes 45 --draft-minutes 20]
 
 1. byte-level BPE tokenizer (HF tokenizers), vocabulary 4096, trained on Lib/**/*.py
 2. target: Llama, hidden 384, 6 layers, 6 heads / 2 KV heads, ~11M parameters
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from exactspec import train as T  # noqa: E402
+from exactspec.tools import distill as T  # noqa: E402
 
 
 def main() -> None:

@@ -25,11 +25,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import train as T
-from .decode.drafters import Drafter
-from .decode.head import FORMAT, META, TENSORS, fingerprint
-from .decode.loop import run_batch
-from .text import chat
+from . import distill as T
+from ..decode.drafters import Drafter
+from ..decode.head import FORMAT, META, TENSORS, fingerprint
+from ..decode.loop import run_batch
+from ..text import chat
 
 GENERAL = [
     "Explain what a hash table is.", "Write a haiku about autumn.", "What is the capital of Japan?",
