@@ -15,9 +15,7 @@ compiles the same source.
 """
 from __future__ import annotations
 
-import functools
-import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from numba import get_num_threads, njit, prange, types
@@ -27,10 +25,10 @@ from ..kernels.attention import attend_task, attention_tasks
 from ..kernels.layout import LAYOUTS, NL, QK
 from ..kernels.actquant import act_buffers, acts
 from ..kernels.linear import ADD, STORE, SWIGLU, linear_block
-from ..kernels.pack import PackedWeight, packed_shape
+from ..kernels.pack import PackedWeight
 from ..kernels.rows import qkv_rope_cache_into, rmsnorm_into
 from ..kernels.threads import TwoBuilds
-from .memory import ensure_fits
+from .stack import Stack
 
 
 def _embed(table, tokens, x):
@@ -222,122 +220,53 @@ _FORWARD = TwoBuilds(_forward)
 SERIAL_FORWARD = 1 << 19  # multiply-adds per forward below which one thread runs it all (~50 us)
 
 
-@dataclass
-class Layer:
-    """One decoder layer's weights (packed). In a loaded model they are views into its `Stack`."""
-    attn_norm: np.ndarray  # (H,) float32
-    wqkv: PackedWeight  # (Hq*D + 2*Hkv*D, H): q, k, v rows stacked; (Hq*D + Hkv*D, H) when wv is apart
-    q_norm: np.ndarray  # (D,) Qwen3, else empty
-    k_norm: np.ndarray
-    wo: PackedWeight  # (H, Hq*D)
-    mlp_norm: np.ndarray
-    w_gate: PackedWeight  # (I, H)
-    w_up: PackedWeight  # (I, H)
-    w_down: PackedWeight  # (H, I)
-    wv: PackedWeight | None = None  # (Hkv*D, H): v apart, where a file keeps it in another format than q, k
+class Weights(NamedTuple):
+    """What a forward reads of the model: the stacked layers, the embedding table ((V, H) float32 or
+    uint16 bf16 bits, or a packed quantized table), the final norm, the head, RoPE's tables."""
+    stack: Stack
+    embed: np.ndarray
+    norm: np.ndarray
+    head: PackedWeight
+    cos: np.ndarray
+    sin: np.ndarray
 
 
-_NORMS = ("attn_norm", "q_norm", "k_norm", "mlp_norm")
-_LINEARS = ("wqkv", "wv", "wo", "w_gate", "w_down")
+class Shape(NamedTuple):
+    """The attention's shape: query heads, KV heads, head size, RMS epsilon, score scale, sliding
+    window (0: none)."""
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    eps: float
+    scale: float
+    window: int
 
 
-@dataclass
-class Stack:
-    """Every layer's weights along a leading layer axis, as `_forward` takes them. Each linear kind
-    `name` in up to two formats (a file may keep a kind in one format in some layers and another in
-    the rest, as llama.cpp's Q4_K_M): `name` holds the layers of the first, `name_alt` those of the
-    second (no layers when there is one), `sel_name` (L,) int64 where layer i is: j >= 0 at name[j],
-    j < 0 at name_alt[-1 - j]. Gate and up blocks are interleaved (gate block c at 2c, up block c at
-    2c + 1); biases are (L, N) or (L, 0). wv (v apart from q, k) has no layers unless split."""
-    arrays: dict[str, np.ndarray]
-    shapes: dict[str, tuple[int, int]]  # (N, K) of each linear
-    work: int  # multiply-adds per row over all layers (the serial/parallel switch)
-
-    @staticmethod
-    def empty(like: Layer, layouts: dict[str, tuple[str, ...] | None], n_layers: int) -> "Stack":
-        """Room for `n_layers` layers shaped as `like`, each linear in the layouts of `layouts`
-        (pack.Packer.layouts), checked against the available memory first (a config's layer count is
-        not trusted to size an allocation)."""
-        want, shapes, sel = {}, {}, {}  # name -> (shape, dtype)
-        for name in _NORMS:
-            want[name] = ((n_layers,) + getattr(like, name).shape, np.dtype(np.float32))
-        for name in _LINEARS:
-            w: PackedWeight | None = getattr(like, name)
-            per_layer = layouts[name]
-            if w is None:  # no such weight: wqkv's type with no layers (one compiled tile serves)
-                w, per_layer = like.wqkv, ()
-            two = 2 if name == "w_gate" else 1  # gate and up blocks interleaved
-            first = per_layer[0] if per_layer else w.fmt
-            alt = next((f for f in per_layer if f != first), first)  # the second format, or first again
-            n_first = per_layer.count(first)
-            for suffix, layout, count in (("", first, n_first), ("_alt", alt, len(per_layer) - n_first)):
-                shape, dt = packed_shape(w.n, w.k, layout)
-                want[name + suffix] = ((count, two * shape[0]) + shape[1:], dt)
-            # layer i: its index among the earlier layers of its format (the alt stack's as -1 - index);
-            # linear in the layer count (a config may claim a million layers before the memory check)
-            is_first = np.array([f == first for f in per_layer], bool)
-            sel[name] = np.where(is_first, np.cumsum(is_first) - 1, -np.cumsum(~is_first))
-            want["b_" + name] = ((len(per_layer), w.bias.shape[0] * two), np.dtype(np.float32))
-            shapes[name] = (w.n, w.k)
-        nbytes = sum(math.prod(shape) * dt.itemsize for shape, dt in want.values())
-        ensure_fits(nbytes, f"the weights of {n_layers} layers", "num_hidden_layers")
-        a = {name: np.empty(shape, dt) for name, (shape, dt) in want.items()}
-        a.update({"sel_" + name: s.astype(np.int64) for name, s in sel.items()})
-        work = sum(math.prod(shapes[n]) * (a["sel_" + n].shape[0] > 0) for n in _LINEARS) + like.w_up.n * like.w_up.k
-        return Stack(a, shapes, work * n_layers)
-
-    def _at(self, name: str, i: int) -> np.ndarray:
-        """Layer i's packed weight `name` (the stack of its format)."""
-        j = int(self.arrays["sel_" + name][i])
-        return self.arrays[name][j] if j >= 0 else self.arrays[name + "_alt"][-1 - j]
-
-    @functools.cached_property
-    def layers(self) -> tuple:
-        """The arrays in `_forward`'s order (made once: a forward is the hot path)."""
-        a = self.arrays
-
-        def lin(n):
-            return (a[n], a[n + "_alt"], a["sel_" + n]), a["b_" + n]
-        return (a["attn_norm"], *lin("wqkv"), *lin("wv"), a["q_norm"], a["k_norm"], *lin("wo"), a["mlp_norm"],
-                *lin("w_gate"), *lin("w_down"))
-
-    def put(self, i: int, layer: Layer) -> None:
-        a = self.arrays
-        for name in _NORMS:
-            a[name][i] = getattr(layer, name)
-        for name in _LINEARS:
-            w = getattr(layer, name)
-            if w is None:
-                continue
-            dest = self._at(name, i)
-            if name == "w_gate":
-                dest[0::2] = w.data
-                dest[1::2] = layer.w_up.data
-                a["b_w_gate"][i] = np.concatenate([w.bias, layer.w_up.bias])
-            else:
-                dest[...] = w.data
-                a["b_" + name][i] = w.bias
-
-    def views(self, i: int) -> Layer:
-        a = self.arrays
-        lin = {name: PackedWeight(self._at(name, i), *self.shapes[name], a["b_" + name][i])
-               for name in _LINEARS if name != "w_gate" and a["sel_" + name].shape[0]}
-        n, k = self.shapes["w_gate"]
-        gb = a["b_w_gate"][i]
-        half = gb.shape[0] // 2
-        gu = self._at("w_gate", i)
-        return Layer(**{name: a[name][i] for name in _NORMS}, **lin,
-                     w_gate=PackedWeight(gu[0::2], n, k, gb[:half]),
-                     w_up=PackedWeight(gu[1::2], n, k, gb[half:]))
+class RowSet(NamedTuple):
+    """The rows of one forward: tokens, slot and position of each (R,) int64 (checked by the caller),
+    and the rows whose logits are wanted (n,) int64."""
+    tokens: np.ndarray
+    slot: np.ndarray
+    pos: np.ndarray
+    out_rows: np.ndarray
 
 
-def forward(st: Stack, tokens: np.ndarray, embed: np.ndarray, slot: np.ndarray, pos: np.ndarray,
-            out_rows: np.ndarray, norm: np.ndarray, head: PackedWeight, Hq: int, Hkv: int, D: int, eps: float,
-            scale: float, window: int, cos: np.ndarray, sin: np.ndarray, table: np.ndarray, kc: np.ndarray,
-            vc: np.ndarray, x_in: np.ndarray | None = None, hidden: np.ndarray | None = None) -> np.ndarray:
-    """tokens, slot, pos (R,) int64 (checked by the caller), embed (V, H) float32 or uint16 (bf16 bits),
-    out_rows (n,) int64 -> logits (n, V) float32. x_in (R, H) float32: the rows to start from in place
-    of the tokens' embeddings; hidden (R, H) float32: filled with every row's final-normed state."""
+class CacheView(NamedTuple):
+    """The paged KV cache as the kernels read it: the block table and the key and value pools."""
+    table: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+
+
+def forward(w: Weights, shape: Shape, rows: RowSet, cache: CacheView, x_in: np.ndarray | None = None,
+            hidden: np.ndarray | None = None) -> np.ndarray:
+    """Logits (n, V) float32 of `rows.out_rows`, writing every row's keys and values into `cache`.
+    x_in (R, H) float32: the rows to start from in place of the tokens' embeddings; hidden (R, H)
+    float32: filled with every row's final-normed state."""
+    st, embed, norm, head, cos, sin = w
+    Hq, Hkv, D, eps, scale, window = shape
+    tokens, slot, pos, out_rows = rows
+    table, kc, vc = cache
     logits = np.empty((out_rows.shape[0], head.n), np.float32)
     if tokens.shape[0] == 0:
         return logits

@@ -10,7 +10,7 @@ import torch
 
 from .. import kernels as K
 from ..kernels import quant as Q
-from . import forward as F
+from .stack import Layer
 from .config import ModelConfig
 from .weights import TensorStore
 
@@ -23,9 +23,9 @@ KINDS = {"qkv": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_att
          "o": ("self_attn.o_proj.weight",), "gate_up": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
          "down": ("mlp.down_proj.weight",)}
 _SPLIT = {"qk": KINDS["qkv"][:2], "v": KINDS["qkv"][2:]}
-# the Stack's name of each kind's weight (forward.Layer's field)
+# the Stack's name of each kind's weight (stack.Layer's field)
 FIELDS = {"qkv": "wqkv", "v": "wv", "o": "wo", "gate_up": "w_gate", "down": "w_down"}
-MAX_LAYER_FORMATS = 2  # formats one kind may take across layers (forward.Stack keeps two stacks per kind)
+MAX_LAYER_FORMATS = 2  # formats one kind may take across layers (stack.Stack keeps two stacks per kind)
 EMBED = "model.embed_tokens.weight"
 
 
@@ -125,7 +125,7 @@ class Packer:
         self.fmt["head"] = self._format(["lm_head.weight"])
         return self.linear("head", [("lm_head.weight", (c.vocab_size, c.hidden_size))], None)
 
-    def layer(self, i: int) -> F.Layer:
+    def layer(self, i: int) -> Layer:
         c = self.cfg
         H, D, Hq, Hkv, I = c.hidden_size, c.head_dim, c.n_heads, c.n_kv_heads, c.intermediate_size
         p = f"model.layers.{i}."
@@ -139,7 +139,7 @@ class Packer:
             return torch.cat(bs) if c.qkv_bias else None
         empty = np.empty(0, np.float32)
         mlp_b = c.mlp_bias
-        return F.Layer(
+        return Layer(
             attn_norm=self.norm(p + "input_layernorm.weight", H),
             wqkv=self.linear("qkv", qkv[:split], cat(qkv_b[:split]), i),
             wv=self.linear("v", qkv[2:], cat(qkv_b[2:]), i) if self.fmt["v"] else None,

@@ -20,6 +20,7 @@ import torch
 from .. import kernels as K
 from ..errors import UnsupportedModelError
 from . import forward as F
+from .stack import Layer, Stack
 from .cache import KVCache, block_bytes
 from .config import Limits, ModelConfig
 from .memory import ensure_fits
@@ -102,10 +103,10 @@ class Transformer:
         for i in range(cfg.n_layers):
             layer = p.layer(i)
             if st is None:  # one copy of the weights: packed layer by layer into the stack
-                st = F.Stack.empty(layer, p.layouts(), cfg.n_layers)
+                st = Stack.empty(layer, p.layouts(), cfg.n_layers)
             st.put(i, layer)
         self.stack = st
-        self.layers: list[F.Layer] = [st.views(i) for i in range(cfg.n_layers)]
+        self.layers: list[Layer] = [st.views(i) for i in range(cfg.n_layers)]
         self.norm = p.norm("model.norm.weight", H)
         self.lm_head = p.head(embed)
         self.dtype = p.name()  # e.g. "q4_1+q8_0+float32": the formats kept, then the rest
@@ -180,9 +181,10 @@ class Transformer:
         cache.check_held(s, p)
         c = self.cfg
         rows = np.arange(t.shape[0]) if out_rows is None else out_rows.numpy()
-        logits = F.forward(self.stack, t, self._embed_np, s, p, rows, self.norm, self.lm_head, c.n_heads,
-                           c.n_kv_heads, c.head_dim, c.rms_norm_eps, self.scale, c.sliding_window or 0, self._cos_np,
-                           self._sin_np, cache.table, K.as_numpy(cache.k), K.as_numpy(cache.v), x_in, hidden)
+        weights = F.Weights(self.stack, self._embed_np, self.norm, self.lm_head, self._cos_np, self._sin_np)
+        shape = F.Shape(c.n_heads, c.n_kv_heads, c.head_dim, c.rms_norm_eps, self.scale, c.sliding_window or 0)
+        logits = F.forward(weights, shape, F.RowSet(t, s, p, rows),
+                           F.CacheView(cache.table, K.as_numpy(cache.k), K.as_numpy(cache.v)), x_in, hidden)
         return torch.from_numpy(logits)
 
     def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
