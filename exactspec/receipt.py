@@ -144,13 +144,12 @@ def replay(model: Any, receipt: dict) -> list[tuple[list[int], str]]:
                   top_k=_field(r, "top_k", int, "request."), top_p=_field(r, "top_p", (int, float), "request."),
                   min_p=_field(r, "min_p", (int, float), "request."),
                   repetition_penalty=_field(r, "repetition_penalty", (int, float), "request."))
-    stops = _field(r, "stop", list, "request.")
+    stops, prompt = _field(r, "stop", list, "request."), _field(r, "prompt_ids", list, "request.")
+    n, eos = _field(r, "max_new_tokens", int, "request."), _field(r, "eos", list, "request.")
     out = []
     for c in _field(receipt, "choices", list, ""):
         seed = c.get("seed") if isinstance(c, dict) else None
-        req = make_request(model.net.limits, _field(r, "prompt_ids", list, "request."),
-                           _field(r, "max_new_tokens", int, "request."), SamplingParams(**params, seed=seed),
-                           eos=_field(r, "eos", list, "request."), stop=stops)
+        req = make_request(model.net.limits, prompt, n, SamplingParams(**params, seed=seed), eos=eos, stop=stops)
         (seq,), _ = run_batch(model.net, [req], None, None)
         ids, finish = list(seq.generated), seq.finish_reason
         if req.stop and model.tokenizer is not None:

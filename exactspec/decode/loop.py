@@ -76,7 +76,8 @@ class Batch:
         """Join the batch (prefilled at the next step). The request was validated by make_request."""
         if not self._free:
             raise GenerationError("Batch.add: no free slot (check has_room first)")
-        policy = Policy(req.draft_len, drafting=self.drafter is not None or bool(req.prediction))
+        free = self.drafter.free if self.drafter is not None else bool(req.prediction)
+        policy = Policy(req.draft_len, drafting=self.drafter is not None or bool(req.prediction), free=free)
         s = SeqState(req, self._free.pop(), list(req.prompt), policy, tag)
         s.stats.prompt_tokens, s.stats.seed = len(req.prompt), req.params.seed if not req.params.greedy else None
         self.stats.sequences += 1
@@ -148,7 +149,7 @@ class Batch:
         """Draft tokens for each running sequence, as long as its policy says (decode/policy.py): the
         drafter's, or the request's prediction where it offers at least as many; a head's runners-up
         beside them where they pay (tree verification)."""
-        ks = [s.policy.ask(self._free_drafts(s), lambda k, s=s: self._room(s, k)) for s in old]
+        ks = [s.policy.ask(lambda k, s=s: self._room(s, k)) for s in old]
         drafts: list[list[int]] = [[] for _ in old]
         if self.drafter is not None and any(ks):
             before = self.drafter.forward_passes
@@ -157,13 +158,11 @@ class Batch:
             self.stats.draft_forward_passes += self.drafter.forward_passes - before
         for i, (s, k) in enumerate(zip(old, ks)):
             guess = from_prediction(s.req.prediction, s.generated, k) if s.req.prediction else []
-            drafts[i] = s.policy.take(drafts[i], guess, self._free_drafts(s), lambda s=s: self._evidence(s),
-                                      lambda s=s: verify_costs(self.target, len(s.tokens)))
+            drafts[i] = s.policy.take(drafts[i], guess, lambda s=s: self._evidence(s), lambda s=s: self._costs(s))
             if drafts[i] and not s.policy.predicted and self.branches > 1:
                 alts = [t for t in self.drafter.alternatives(s.slot) if t != drafts[i][0]]
                 n, most = len(drafts[i]), min(len(alts), self.branches - 1)
-                j = s.policy.siblings(n, most, verify_costs(self.target, len(s.tokens)),
-                                      n * self.drafter.cost_per_token(self.target))
+                j = s.policy.siblings(n, most, self._costs(s), n * self.drafter.cost_per_token(self.target))
                 for t in alts[:j]:
                     self._sibs.append((i, self._helpers.pop(), t))
         return drafts
@@ -172,10 +171,9 @@ class Batch:
         """k, or fewer: never past the token budget or the cache (a verify yields up to k + 1 tokens)."""
         return max(0, min(k, s.req.max_new_tokens - len(s.generated) - 1, self.capacity - len(s.tokens) - 1))
 
-    def _free_drafts(self, s: SeqState) -> bool:
-        """Its drafts cost nothing to ask for (lookups, the request's prediction) or the drafter prices
-        them itself (MixDrafter)."""
-        return self.drafter.free if self.drafter is not None else bool(s.req.prediction)
+    def _costs(self, s: SeqState) -> np.ndarray:
+        """The verify costs of 1 .. k + 1 rows at this sequence's length (measured once per model)."""
+        return verify_costs(self.target, len(s.tokens))
 
     def _evidence(self, s: SeqState) -> int | None:
         return self.drafter.evidence(s.slot) if self.drafter is not None else None
@@ -269,8 +267,7 @@ class Batch:
             if s.policy.predicted:
                 s.stats.prediction_accepted += a
                 s.stats.prediction_rejected += len(d) - a
-            s.policy.learn(len(d), a, self._free_drafts(s), self._per_draft,
-                           lambda s=s: verify_costs(self.target, len(s.tokens)))
+            s.policy.learn(len(d), a, self._per_draft, lambda s=s: self._costs(s))
             if won:
                 out.append((s, self._commit(s, [choice[0], nxt], torch.stack([rows[0], logits[won[0][0] + 1]]))))
             else:

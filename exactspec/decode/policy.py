@@ -4,8 +4,8 @@ head's runners-up to verify beside it, when to pause drafting and probe again, a
 teaches. Only speed depends on any of it: the tokens are plain decoding's whatever it decides.
 
 One `Policy` per sequence. The loop calls, per sequence and step: `ask` (tokens to ask the drafter
-for), `cut` (a free draft's length), `siblings` (tree verification) before the forward, and `learn`
-after the verify. The rules, by `num_draft_tokens` (`DraftLength`, checked in request.py):
+for), `take` (the draft to verify, a free one cut to its worth), `siblings` (tree verification)
+before the forward, and `learn` after the verify. The rules, by `num_draft_tokens` (`DraftLength`, checked in request.py):
 - k: k tokens every step.
 - "dynamic": grow by 2 after a fully accepted draft, shrink by 1 after a rejection (transformers'
   rule); after a rejected one-token draft pause 1, 2, 4 ... 32 steps, an accepted token ends it.
@@ -42,9 +42,11 @@ class Backoff:
 
 @dataclass
 class Policy:
-    """One sequence's drafting state. `drafting`: a drafter or a prediction may propose tokens."""
+    """One sequence's drafting state. `drafting`: a drafter or a prediction may propose tokens; `free`:
+    its drafts cost nothing to ask for (lookups, the prediction) or the drafter prices them itself."""
     length: DraftLength  # the request's num_draft_tokens
     drafting: bool
+    free: bool = False
     k: int = 0  # tokens to ask for at the next step (fixed, dynamic, or auto's choice)
     skip: int = 0  # steps to go without drafting
     backoff: Backoff = field(default_factory=Backoff)
@@ -59,17 +61,18 @@ class Policy:
     def __post_init__(self) -> None:
         self.k = self.length.k0 if self.drafting else 0
 
-    def asks_most(self, free: bool) -> bool:
-        """auto with drafts that cost nothing to ask for: ask for max_k every step, then `cut`."""
-        return self.length.auto and free
+    @property
+    def asks_most(self) -> bool:
+        """auto with free drafts: ask for max_k every step, then cut the draft (`take`)."""
+        return self.length.auto and self.free
 
-    def ask(self, free: bool, room: Callable[[int], int]) -> int:
+    def ask(self, room: Callable[[int], int]) -> int:
         """Tokens to ask the drafter for this step; room(k) caps k to the token budget and the cache."""
-        k = room(self.length.max_k) if self.asks_most(free) else 0 if self.skip else room(self.k)
+        k = room(self.length.max_k) if self.asks_most else 0 if self.skip else room(self.k)
         self.skip = max(0, self.skip - 1)
         return k
 
-    def take(self, draft: list[int], guess: list[int], free: bool, evidence: Callable[[], int | None],
+    def take(self, draft: list[int], guess: list[int], evidence: Callable[[], int | None],
              costs: Callable[[], np.ndarray]) -> list[int]:
         """The draft to verify: the prediction's `guess` where it offers at least as many tokens as the
         drafter's `draft`; with auto and free drafts, cut to the length with the most expected tokens per
@@ -79,7 +82,7 @@ class Policy:
         if self.predicted:
             draft = guess
         self.evidence = None
-        if not draft or not self.asks_most(free):
+        if not draft or not self.asks_most:
             return draft
         m = -1 if self.predicted else evidence()
         if m is None:
@@ -93,7 +96,7 @@ class Policy:
         """How many of the drafter's runners-up for the first of n draft tokens to verify beside them."""
         return best_siblings(self.acceptance.alpha, self.sibling_rate.alpha, n, most, costs, drafting)
 
-    def learn(self, proposed: int, accepted: int, free: bool, per_draft: Callable[[], float],
+    def learn(self, proposed: int, accepted: int, per_draft: Callable[[], float],
               costs: Callable[[], np.ndarray]) -> None:
         """After a verify of `proposed` draft tokens of which `accepted` were the target's: the next k
         and pause. per_draft(): the drafter's cost per token; costs(): the verify costs at this length."""
@@ -110,7 +113,7 @@ class Policy:
             self.by_evidence.add(self.evidence, proposed, accepted)
         elif L.auto:
             self.acceptance.add(proposed, accepted)
-            if self.asks_most(free):  # free drafts are asked for the most every step and cut (`take`)
+            if self.asks_most:  # free drafts are asked for the most every step and cut (`take`)
                 return
             k = best_k(self.acceptance.alpha, costs(), per_draft() if not self.predicted else 0.0, L.max_k)
             if k:

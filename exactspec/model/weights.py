@@ -57,7 +57,7 @@ class TensorStore:
                               f"config.json implies {tuple(shape)}")
         if not t.is_floating_point():
             raise WeightError(f"{self.where[name]}: tensor {name!r} has dtype {t.dtype}, expected a float type")
-        return finite(t.to(dtype) if t.dtype != dtype else t, str(self.where[name]), name)
+        return finite(t.to(dtype), str(self.where[name]), name)
 
 
 def finite(t, where: str, name: str):

@@ -53,15 +53,21 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     return (f"{where}: {msg}" if where else msg), where or None
 
 
+def _surrogate_at(s: str) -> int | None:
+    """Where a lone surrogate sits in `s` (JSON allows \\ud800, UTF-8 text does not), or None."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
 def _utf8(v):
     """Strings (in lists too) must be encodable as UTF-8: JSON allows a lone surrogate (\\ud800), text
     does not (the tokenizer would fail deep inside: a 500)."""
     for x in ([v] if isinstance(v, str) else v if isinstance(v, list) else []):
-        if isinstance(x, str):
-            try:
-                x.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise ValueError(f"not valid Unicode text (a lone surrogate at character {e.start})") from None
+        if isinstance(x, str) and (at := _surrogate_at(x)) is not None:
+            raise ValueError(f"not valid Unicode text (a lone surrogate at character {at})")
     return v
 
 
@@ -69,17 +75,13 @@ def _no_surrogates(v, where: str) -> None:
     """400 for a lone surrogate anywhere in a JSON value (strings, list items, object keys and values)."""
     stack = [(v, where)]
     while stack:
-        x, at = stack.pop()
-        if isinstance(x, str):
-            try:
-                x.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise APIError(400, f"{at}: not valid Unicode text (a lone surrogate at character {e.start})",
-                               param=at) from None
-        elif isinstance(x, list):
-            stack += [(y, f"{at}.{i}") for i, y in enumerate(x)]
+        x, path = stack.pop()
+        if isinstance(x, str) and (at := _surrogate_at(x)) is not None:
+            raise APIError(400, f"{path}: not valid Unicode text (a lone surrogate at character {at})", param=path)
+        if isinstance(x, list):
+            stack += [(y, f"{path}.{i}") for i, y in enumerate(x)]
         elif isinstance(x, dict):
-            stack += [(k, at) for k in x] + [(y, f"{at}.{k}") for k, y in x.items()]
+            stack += [(k, path) for k in x] + [(y, f"{path}.{k}") for k, y in x.items()]
 
 
 # Every body model is strict, as OpenAI's API is: an integer is a number too, nothing else is coerced
@@ -264,22 +266,17 @@ class Shapes:
                 "choices": choices, "usage": usage}
 
     def chunk(self, text: str = "", finish: str | None = None, usage: dict | None = None,
-              logprobs: dict | None = None, index: int = 0) -> bytes:
+              logprobs: dict | None = None, index: int = 0, fields: dict | None = None) -> bytes:
+        """A chunk of choice `index`; with `usage` (or other top-level `fields`, the receipt): a chunk
+        with no choices carrying them."""
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        fields = {**(fields or {}), **({"usage": usage} if usage is not None else {})}
         body = {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
-                "choices": [] if usage is not None else [self.choice(text, finish, True, index, logprobs)]}
-        if usage is not None:
-            body["usage"] = usage
+                "choices": [] if fields else [self.choice(text, finish, True, index, logprobs)], **fields}
         if self.obfuscate:  # OpenAI's stream_options.include_obfuscation: chunk sizes no longer tell the text's
             body["obfuscation"] = secrets.token_urlsafe(secrets.randbelow(12) + 1)
         return sse(body)
 
-
-    def extra(self, fields: dict) -> bytes:
-        """A chunk with no choices carrying `fields` (the receipt)."""
-        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        return sse({"id": self.rid, "object": obj, "created": self.created, "model": self.model, "choices": [],
-                    **fields})
 
 
 def sse(payload: dict) -> bytes:

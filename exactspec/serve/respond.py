@@ -61,7 +61,8 @@ class Generation:
         pred = self.job.req.prediction
         if not pred:
             return 0, 0
-        same = sum(b.size for b in difflib.SequenceMatcher(None, pred, self.tokens, autojunk=False).get_matching_blocks())
+        match = difflib.SequenceMatcher(None, pred, self.tokens, autojunk=False)
+        same = sum(b.size for b in match.get_matching_blocks())
         return same, len(pred) - same
 
     def _event(self, ev: Event) -> None:  # engine thread
@@ -300,13 +301,14 @@ class _Chunks:
         rp = self.reply
         tail = [rp.shapes.chunk(usage=_usage(rp.prompt, self.gens))] if rp.r.include_usage else []
         if rp.r.receipt:  # its own chunk, no choices, before [DONE]
-            tail.append(rp.shapes.extra({"receipt": rp.receipt(self.gens)}))
+            tail.append(rp.shapes.chunk(fields={"receipt": rp.receipt(self.gens)}))
         return tail + [DONE]
 
 
 def _usage(prompt: list[int], gens: list[Generation]) -> dict:
+    predicted = [g.predicted for g in gens]  # a difflib match each: once
     return usage(len(prompt), sum(g.completion_tokens for g in gens), gens[0].cached_tokens,
-                 (sum(g.predicted[0] for g in gens), sum(g.predicted[1] for g in gens)))
+                 (sum(a for a, _ in predicted), sum(r for _, r in predicted)))
 
 
 def error_event(e: Exception) -> bytes:

@@ -66,7 +66,7 @@ def template_source(tokenizer_config: dict) -> str | None:
     return t if isinstance(t, str) else None
 
 
-MAX_STEPS = 2_000_000  # lines of template code one rendering may run (a long chat: ~10-100 thousand)
+MAX_STEPS = 2_000_000  # lines of template code and Python calls one rendering may run (a long chat: ~10-100 thousand)
 
 
 class _Budget:

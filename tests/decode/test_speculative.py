@@ -67,7 +67,7 @@ def test_dynamic_draft_length_pauses_a_drafter_that_keeps_failing(pair):
     def after(length, backoff: int, proposed: int, accepted: int) -> tuple[int, int]:
         p = Policy(DraftLength(length), drafting=True)
         p.backoff.next = backoff
-        p.learn(proposed, accepted, False, lambda: 0.0, lambda: np.ones(17))
+        p.learn(proposed, accepted, lambda: 0.0, lambda: np.ones(17))
         return p.skip, p.backoff.next
     assert [after("dynamic", *x) for x in ((1, 1, 0), (16, 1, 0), (32, 1, 0), (4, 3, 0), (8, 2, 1))] == \
         [(1, 2), (16, 32), (32, 32), (0, 4), (0, 1)]
