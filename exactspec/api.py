@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .decode.drafters import DraftModelDrafter, Drafter, LookupDrafter, MixDrafter, NgramPool, PoolDrafter
+from .decode.constraint import Grammar, Vocab, make_grammar
 from .decode.head import Head, HeadDrafter, load_head, shipped_head
 from .decode.loop import run_batch
 from .decode.stats import BatchStats, Stats
@@ -58,10 +59,12 @@ class Model:
         self._pool: NgramPool | None = None  # draft="pool": the n-grams of this model's earlier sequences
         self._heads: dict[str | None, Head] = {}  # draft="head[:PATH]": loaded once
         self.load_args: dict = {}  # how `load` was called (dtype, quantize, activations, kv_dtype): receipts
+        self._vocab: Vocab | None = None  # the tokenizer as the grammar matcher reads it: built once
 
     def __getstate__(self) -> dict:  # Ray's object store (exactspec.serve.ray); a WeakSet does not pickle
         s = dict(self.__dict__)
         s["_same_vocab"] = None
+        s["_vocab"] = None  # rebuilt where it is used
         return s
 
     def __setstate__(self, s: dict) -> None:
@@ -89,6 +92,16 @@ class Model:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+
+    def constraint(self, kind: str, value, name: str | None = None) -> Grammar:
+        """A validated constraint for this model's tokenizer (decode/constraint.py): kind "json_schema" (a
+        dict, JSON text or a pydantic model class), "grammar" (Lark, or llama.cpp's GBNF), "regex" or
+        "choice" (a list of strings). Bad input: InvalidRequest naming `name` (default: the kind)."""
+        if self.tokenizer is None:
+            self.encode("")  # the named error: no tokenizer
+        if self._vocab is None:
+            self._vocab = Vocab(self.tokenizer.tok.to_str(), self.cfg.vocab_size, self.eos_token_ids)
+        return make_grammar(self._vocab, kind, value, name)
 
     # -- forward --------------------------------------------------------------------------------
     def logits(self, token_ids: str | Sequence[int]) -> torch.Tensor:
@@ -158,6 +171,9 @@ class Model:
                        repetition_penalty: float = 1.0, seed: int | None | Sequence[int | None] = 0,
                        logprobs: int | None = None, logprobs_mode: str = "raw",
                        prediction: "None | str | Sequence[int] | Sequence[None | str | Sequence[int]]" = None,
+                       json_schema=None, grammar: "None | str | Sequence[str | None]" = None,
+                       regex: "None | str | Sequence[str | None]" = None,
+                       choice: "None | Sequence[str] | Sequence[Sequence[str] | None]" = None,
                        on_text: Callable[[int, str], None] | None = None) -> list[GenerationResult]:
         """Decode a batch of prompts (each text or token ids), one result each, in order. The token
         ids never depend on the drafter, the draft length, the batch or the thread count: only on the
@@ -182,6 +198,12 @@ class Model:
         prediction: the expected output (OpenAI's Predicted Outputs: a file the answer edits), text or
             token ids, one for all prompts or a list with one per prompt; proposed as drafts, so it
             changes the speed only (cut where longer than the context).
+        json_schema, grammar, regex, choice: constrained output (at most one of them; decode/constraint.py),
+            one for all prompts or a list with one per prompt (None: free). json_schema: a dict, JSON text or
+            a pydantic model class; grammar: Lark text or llama.cpp's GBNF; regex: the whole answer matches
+            it; choice: the answer is one of these strings. The answer ends where the constraint is
+            complete (finish_reason "stop"); with num_draft_tokens other than 0 the text it forces is
+            verified as drafts (the tokens stay plain constrained decoding's).
         on_text: on_text(prompt index, text piece) as text streams.
 
         Bad input raises InvalidRequest naming the argument. If decoding fails inside (not the caller's
@@ -196,13 +218,16 @@ class Model:
         preds = list(prediction) if one_each else [prediction] * len(prompts)  # one per prompt, or one for all
         if len(preds) != len(prompts):
             raise InvalidRequest(f"prediction: {len(preds)} predictions for {len(prompts)} prompts", "prediction")
+        grammars = self._constraints(len(prompts), json_schema=json_schema, grammar=grammar, regex=regex,
+                                     choice=choice)
         drafter = self.make_drafter(draft, draft_confidence, lookup_max_ngram)
         params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed=None)
         reqs = [self.request(p, max_new_tokens, params=dataclasses.replace(params, seed=sd), ignore_eos=ignore_eos,
-                             num_draft_tokens=num_draft_tokens if drafter is not None else 0, logprobs=logprobs,
-                             logprobs_mode=logprobs_mode, name="prompt" if len(prompts) == 1 else f"prompt {i}",
-                             prediction=pr if pr is not None else ())
-                for i, (p, sd, pr) in enumerate(zip(prompts, seeds, preds))]
+                             num_draft_tokens=num_draft_tokens if drafter is not None or g is not None else 0,
+                             logprobs=logprobs, logprobs_mode=logprobs_mode,
+                             name="prompt" if len(prompts) == 1 else f"prompt {i}",
+                             prediction=pr if pr is not None else (), constraint=g)
+                for i, (p, sd, pr, g) in enumerate(zip(prompts, seeds, preds, grammars))]
         streams = [StreamDecoder(self.tokenizer) for _ in reqs] if on_text and self.tokenizer else None
 
         def stream(i: int, new: list[int]) -> None:
@@ -225,6 +250,26 @@ class Model:
             err.results = results  # every sequence's result; finish_reason "error" for the failed ones
             raise err from s.error
         return results
+
+    def _constraints(self, n: int, **given) -> list[Grammar | None]:
+        """One constraint (or None) per prompt from generate_batch's json_schema / grammar / regex / choice."""
+        given = {k: v for k, v in given.items() if v is not None}
+        if len(given) > 1:
+            raise InvalidRequest(f"{' and '.join(given)}: give at most one constraint", next(iter(given)))
+        if not given:
+            return [None] * n
+        (kind, v), = given.items()
+        # a list with one per prompt: of schemas (never a list themselves), of strings, of choice lists
+        each = isinstance(v, (list, tuple)) and (kind == "json_schema" or kind in ("grammar", "regex") or
+                                                 any(x is None or isinstance(x, (list, tuple)) for x in v))
+        vs = list(v) if each else [v] * n
+        if len(vs) != n:
+            raise InvalidRequest(f"{kind}: {len(vs)} constraints for {n} prompts", kind)
+        made: dict[int, Grammar] = {}  # one compile for a constraint shared by all prompts
+        for x in vs:
+            if x is not None and id(x) not in made:
+                made[id(x)] = self.constraint(kind, x)
+        return [None if x is None else made[id(x)] for x in vs]
 
     def head(self, path: str | Path | None = None) -> Head:
         """A drafting head for this model (decode/head.py), loaded once: from `path`, or the one shipped

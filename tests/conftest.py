@@ -11,6 +11,36 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from exactspec.tools.testing import make_checkpoint  # noqa: E402
 
 
+def _compile_once_across_workers() -> None:
+    """xdist's workers share numba's disk cache but not its compiles: two workers that need the same
+    kernel for the same types at once (every test file starts with the tiny float32 model) both compile
+    it, a minute of CPU each for a forward. A file lock per (function, signature) makes the second wait
+    and then load the first's cached machine code (numba's compile looks in the cache first). Taken
+    inside numba's compiler lock, so two threads of one process never hold them in opposite orders; the
+    call graph has no cycles, so two processes never do either. Only CPU time changes."""
+    import fcntl
+    import hashlib
+    from numba.core import dispatcher
+    from numba.core.caching import NullCache
+    from numba.core.compiler_lock import global_compiler_lock
+    folder = Path(os.environ["NUMBA_CACHE_DIR"]) / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    original = dispatcher.Dispatcher.compile
+
+    def compile(self, sig):
+        if isinstance(self._cache, NullCache):
+            return original(self, sig)
+        f = self.py_func
+        key = hashlib.sha256(f"{f.__module__}.{f.__qualname__}|{sig}".encode()).hexdigest()[:24]
+        with global_compiler_lock, open(folder / key, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return original(self, sig)
+    dispatcher.Dispatcher.compile = compile
+
+
+_compile_once_across_workers()
+
+
 
 @pytest.fixture(scope="session")
 def ckpt(tmp_path_factory):

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .chunking import Chunker
+from .constraint import Matcher, masked
 from .cost import verify_costs
 from .drafters import Drafter, from_prediction
 from ..errors import GenerationError, InvalidRequest
@@ -76,9 +77,12 @@ class Batch:
         """Join the batch (prefilled at the next step). The request was validated by make_request."""
         if not self._free:
             raise GenerationError("Batch.add: no free slot (check has_room first)")
-        free = self.drafter.free if self.drafter is not None else bool(req.prediction)
-        policy = Policy(req.draft_len, drafting=self.drafter is not None or bool(req.prediction), free=free)
+        forced = req.constraint is not None  # forced text: free drafts (decode/constraint.py)
+        free = self.drafter.free if self.drafter is not None else bool(req.prediction) or forced
+        policy = Policy(req.draft_len, drafting=self.drafter is not None or bool(req.prediction) or forced, free=free)
         s = SeqState(req, self._free.pop(), list(req.prompt), policy, tag)
+        if forced:
+            s.matcher = Matcher(req.constraint)
         s.stats.prompt_tokens, s.stats.seed = len(req.prompt), req.params.seed if not req.params.greedy else None
         self.stats.sequences += 1
         if req.max_new_tokens == 0:
@@ -159,6 +163,11 @@ class Batch:
         for i, (s, k) in enumerate(zip(old, ks)):
             guess = from_prediction(s.req.prediction, s.generated, k) if s.req.prediction else []
             drafts[i] = s.policy.take(drafts[i], guess, lambda s=s: self._evidence(s), lambda s=s: self._costs(s))
+            s.guessed = len(drafts[i])
+            if s.matcher is not None:  # the grammar's forced text, the guesses it allows (none: no drafts)
+                limit = self._room(s, s.req.draft_len.max_k) if s.policy.drafting and s.req.draft_len.max_k else 0
+                drafts[i], s.guessed = s.matcher.draft(drafts[i], limit)
+                continue  # (no siblings: a runner-up is priced without the grammar)
             if drafts[i] and not s.policy.predicted and self.branches > 1:
                 alts = [t for t in self.drafter.alternatives(s.slot) if t != drafts[i][0]]
                 n, most = len(drafts[i]), min(len(alts), self.branches - 1)
@@ -223,12 +232,16 @@ class Batch:
                 continue
             i, r = r, r + 1
             try:
-                t = pick(logits[i], s.req.params, len(s.tokens), s.tokens)
+                allowed = [s.matcher.mask()] if s.matcher is not None else None
+                row = masked(logits[i], allowed[0]) if allowed else logits[i]
+                t = pick(row, s.req.params, len(s.tokens), s.tokens)
+                if allowed and t not in s.matcher.g.vocab.eos:
+                    s.matcher.advance([t])
             except Exception as e:  # nothing of s was changed: fail s alone
                 self._fail(s, e)
                 out.append((s, []))
                 continue
-            out.append((s, self._commit(s, [t], logits[i: i + 1])))
+            out.append((s, self._commit(s, [t], logits[i: i + 1], allowed)))
         sibs: dict[int, list[tuple[int, int, int, int]]] = {}  # old index -> (logits row, forward row, helper, token)
         chains = sum(len(d) + 1 for d in drafts)
         rs, hs = r + chains, h + chains  # the siblings' rows come after the chains'
@@ -240,6 +253,22 @@ class Batch:
             rows = logits[r: r + len(d) + 1]
             r += len(d) + 1
             h += len(d) + 1
+            if s.matcher is not None:
+                try:
+                    choice, a, allowed = self._pick_constrained(s, rows, d)
+                except Exception as e:
+                    self._fail(s, e)
+                    out.append((s, []))
+                    continue
+                s.stats.count_step(len(d), a)
+                if s.policy.predicted:
+                    s.stats.prediction_accepted += a
+                    s.stats.prediction_rejected += len(d) - a
+                s.policy.learn(s.guessed, min(a, s.guessed), self._per_draft, lambda s=s: self._costs(s))
+                if hidden is not None:
+                    self.drafter.observe(s.slot, n - 1, hidden[h - len(d) - 1: h - len(d) + a])
+                out.append((s, self._commit(s, choice, rows, allowed)))
+                continue
             try:
                 choice = pick_rows(rows, s.req.params, range(n, n + len(d) + 1), s.tokens, d)
                 won = [x for x in sibs.get(i, ()) if x[3] == choice[0]]
@@ -274,27 +303,49 @@ class Batch:
                 out.append((s, self._commit(s, d[:a] + [choice[a]], rows)))
         return out
 
+    @staticmethod
+    def _pick_constrained(s: SeqState, rows: torch.Tensor, d: list[int]) -> tuple[list[int], int, list[np.ndarray]]:
+        """Row by row under the grammar's mask of that row's own prefix: the drafts up to the first the
+        target disagrees with, then its token; or up to the draft that completes the grammar (nothing may
+        follow it: plain decoding stops there too). Returns the tokens to commit, how many are drafts, and
+        each one's mask; the matcher is left after them."""
+        n, out, allowed = len(s.tokens), [], []
+        for j in range(len(d) + 1):
+            allowed.append(s.matcher.mask())
+            t = pick(masked(rows[j], allowed[-1]), s.req.params, n + j, s.tokens + d[:j])
+            out.append(t)
+            if t not in s.matcher.g.vocab.eos:
+                s.matcher.advance([t])
+            if j == len(d) or t != d[j]:
+                return out, j, allowed
+            if s.matcher.done:
+                return out, j + 1, allowed
+        raise AssertionError("unreachable")
+
     def _per_draft(self) -> float:
         """The drafter's cost per draft token, in one-row forwards (0 without one)."""
         return self.drafter.cost_per_token(self.target) if self.drafter is not None else 0.0
 
-    def _commit(self, s: SeqState, new: list[int], rows: torch.Tensor) -> list[int]:
-        """Append tokens until a stop; returns the ones appended. rows[i]: the logits that predicted new[i]."""
+    def _commit(self, s: SeqState, new: list[int], rows: torch.Tensor, allowed: list[np.ndarray] | None = None
+                ) -> list[int]:
+        """Append tokens until a stop; returns the ones appended. rows[i]: the logits that predicted new[i];
+        allowed[i]: the grammar's mask there (a constrained request)."""
         kept = []
         for t in new:
             s.tokens.append(t)
             kept.append(t)
-            if t in s.req.eos:
-                s.finish_reason = "stop"
+            if t in s.req.eos or s.matcher is not None and (t in s.matcher.g.vocab.eos or
+                                                              len(kept) == len(new) and s.matcher.done):
+                s.finish_reason = "stop"  # EOS, or the grammar is complete (nothing may follow)
             elif len(s.generated) >= s.req.max_new_tokens or len(s.tokens) >= self.capacity:
                 s.finish_reason = "length"
             if s.finish_reason:
                 break
         if s.req.logprobs is not None and kept:
-            if s.req.logprobs_mode == "processed":  # each row with the history before its token
+            if s.req.logprobs_mode == "processed":  # each row with the history before its token (and its mask)
                 base = len(s.tokens) - len(kept)
-                rows = torch.stack([processed_logits(rows[i], s.req.params, s.tokens[:base + i])
-                                    for i in range(len(kept))])
+                rows = torch.stack([processed_logits(masked(rows[i], allowed[i]) if allowed else rows[i], s.req.params,
+                                                     s.tokens[:base + i]) for i in range(len(kept))])
             s.logprobs += token_logprobs(rows, kept, s.req.logprobs)
         now = time.perf_counter()
         st = s.stats

@@ -15,6 +15,7 @@ from typing import Iterable, Sequence
 
 from ..errors import ContextLengthError, InvalidRequest
 from ..model.config import Limits
+from .constraint import Grammar
 from .sampling import SamplingParams
 
 
@@ -53,6 +54,7 @@ class Request:
     logprobs_mode: str = "raw"  # "raw": of the model's logits; "processed": after the sampling filters
     cache_scope: str = ""  # the prefix cache shares blocks among requests of one scope only (a tenant)
     prediction: tuple[int, ...] = ()  # the caller's guess at the output (OpenAI's Predicted Outputs): drafts
+    constraint: Grammar | None = None  # every token kept inside it (decode/constraint.py); forced text: drafts
 
 
 def _int(name: str, v, lo: int = 0) -> int:
@@ -93,14 +95,15 @@ def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 
                  params: SamplingParams | None = None, *, eos: Iterable[int] = (),
                  stop: str | Iterable[str] | None = None, num_draft_tokens: int | str = 0,
                  logprobs: int | None = None, logprobs_mode: str = "raw", name: str = "prompt", cache_scope: str = "",
-                 prediction: Sequence[int] = (), **sampling) -> Request:
+                 prediction: Sequence[int] = (), constraint: Grammar | None = None, **sampling) -> Request:
     """A validated Request, or InvalidRequest naming the field. max_new_tokens=None: as many as the
     context holds. The sampling parameters: `params` (one SamplingParams), or its fields as keywords
     (temperature, top_k, top_p, min_p, repetition_penalty, seed). seed=None: greedy ignores it;
     sampling draws a fresh one (kept in the Request's params, reported in the result's stats) so the
     run can be replayed. `prediction`: token ids the output is expected to repeat (a file being edited),
     proposed as drafts, so only speed depends on it; with num_draft_tokens 0 the draft length is then
-    "auto" (by cost)."""
+    "auto" (by cost). `constraint`: a Grammar (constraint.make_grammar) every token must keep the output
+    inside; with num_draft_tokens other than 0 the text it forces is proposed as drafts."""
     if max_new_tokens is not None:
         _int("max_new_tokens", max_new_tokens)
     ids = check_prompt(prompt, limits, name, 1 if max_new_tokens is None else max_new_tokens)
@@ -130,9 +133,12 @@ def make_request(limits: Limits, prompt: Iterable, max_new_tokens: int | None = 
     # a hint, as OpenAI's API takes it: what cannot fit the context is cut, never refused
     prediction = list(prediction.tolist() if hasattr(prediction, "tolist") else prediction)[:limits.max_context - 1]
     predicted = check_prompt(prediction, limits, "prediction") if prediction else ()
+    if constraint is not None and not isinstance(constraint, Grammar):
+        raise InvalidRequest(f"constraint={constraint!r}: expected a Grammar (decode.constraint.make_grammar)",
+                             "constraint")
     k = num_draft_tokens if num_draft_tokens or not predicted else "auto"
     return Request(ids, params, max_new_tokens, eos_ids, tuple(s for s in stops if s), DraftLength(k),
-                   logprobs, logprobs_mode, cache_scope, predicted)
+                   logprobs, logprobs_mode, cache_scope, predicted, constraint)
 
 
 def _params(sampling: dict) -> SamplingParams:

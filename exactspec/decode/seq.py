@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from .constraint import Matcher
 from .policy import Policy
 from .request import Request
 from .sampling import TokenLogprob
@@ -27,6 +28,8 @@ class SeqState:
     joined_at: float = field(default_factory=time.perf_counter)
     stats: Stats = field(default_factory=Stats)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if the request asks
+    matcher: Matcher | None = None  # where its tokens are in the request's constraint (decode/constraint.py)
+    guessed: int = 0  # this step's draft tokens that are the drafter's guesses (not text the grammar forces)
 
     @property
     def generated(self) -> list[int]:

@@ -36,6 +36,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..api import Model
+from ..decode.constraint import Grammar
 from ..decode.drafters import Drafter
 from ..decode.request import DraftLength, Request
 from ..errors import ExactSpecError, InvalidRequest
@@ -47,6 +48,7 @@ from .options import ServeOptions
 from .protocol import (APIError, ChatRequest, CompletionRequest, _Sampling, error_body, refuse_unsupported, usage,
                        validation_message)
 from .respond import Reply
+from . import tools
 
 log = logging.getLogger("exactspec.server")
 
@@ -58,7 +60,8 @@ class Server:
             raise ExactSpecError(f"{model.folder}: serving needs a tokenizer (tokenizer.json or GGUF metadata)")
         self.model, self.name, self.opts = model, name, opts
         self.num_draft_tokens = num_draft_tokens if drafter is not None else 0
-        DraftLength(self.num_draft_tokens)  # a bad k fails at start, not in every request
+        self.forced_k = num_draft_tokens  # constrained requests draft the text their grammar forces, drafter or not
+        DraftLength(num_draft_tokens)  # a bad k fails at start, not in every request
         self.limits = dataclasses.replace(model.net.limits, max_stops=opts.max_stops,
                                           max_stop_chars=opts.max_stop_chars)
         self.engine = Engine(model.net, drafter, opts.max_batch, opts.max_queue,  # the KV cache: checked to fit
@@ -91,15 +94,17 @@ class Server:
             else ""
 
     def _requests(self, r: _Sampling, prompt: list[int], max_tokens: int | None, count: int,
-                  logprobs: int | None, scope: str = "", name: str = "prompt", prediction: str = "") -> list[Request]:
+                  logprobs: int | None, scope: str = "", name: str = "prompt", prediction: str = "",
+                  constraint: Grammar | None = None) -> list[Request]:
         """The validated Requests of one body (400 naming the field otherwise): `count` candidates,
         the i-th with seed + i (seed None: a fresh base, reported nowhere but reproducible per choice)."""
         base = r.seed if r.seed is not None else (secrets.randbits(62) if r.temperature else 0)
         params = r.params()
         return [self.model.request(prompt, max_tokens, params=dataclasses.replace(params, seed=base + i),
-                                   ignore_eos=r.ignore_eos, stop=r.stop, num_draft_tokens=self.num_draft_tokens,
-                                   limits=self.limits, logprobs=logprobs, logprobs_mode=self.opts.logprobs_mode,
-                                   cache_scope=scope, name=name, prediction=prediction)
+                                   ignore_eos=r.ignore_eos, stop=r.stop, limits=self.limits,
+                                   num_draft_tokens=self.num_draft_tokens if constraint is None else self.forced_k,
+                                   logprobs=logprobs, logprobs_mode=self.opts.logprobs_mode,
+                                   cache_scope=scope, name=name, prediction=prediction, constraint=constraint)
                 for i in range(count)]
 
     def _check_body(self, r: _Sampling, best_of: int) -> None:
@@ -121,13 +126,12 @@ class Server:
             raise APIError(503, f"{e}; retry later", "server_error") from None
         return await asyncio.wrap_future(fut)
 
-    def _chat_prompt(self, r: ChatRequest, cancelled=None) -> list[int]:
+    def _chat_prompt(self, r: ChatRequest, tp: tools.ToolPlan | None, cancelled=None) -> list[int]:
         """Template rendering and tokenizing, in a worker thread (both can be slow); `cancelled()`
         true stops the rendering (the client left)."""
-        messages = [{"role": msg.role, "content": msg.text(), **({"name": msg.name} if msg.name else {})}
-                    for msg in r.messages]
+        messages, offered = tools.messages(r, tp, chat.template_source(self.model.tokenizer.config) or "")
         text = chat.render(self.model.tokenizer.config, messages, max_chars=self.opts.max_prompt_chars,
-                           cancelled=cancelled)
+                           cancelled=cancelled, tools=offered)
         return self.model.encode_text(text)
 
     async def _while_connected(self, http: HTTPRequest, fn, *args):
@@ -146,12 +150,12 @@ class Server:
             watcher.cancel()
 
     async def _respond(self, kind: str, r: _Sampling, reqs: list[Request], http: HTTPRequest,
-                       want_lp: bool = False, echo: bool = False):
+                       want_lp: bool = False, echo: bool = False, tp: tools.ToolPlan | None = None):
         self.metrics.prompt_tokens.inc(len(reqs[0].prompt))
         prompt_lps = None
         if echo and want_lp:
             prompt_lps = await self._score(list(reqs[0].prompt), reqs[0].logprobs or 0)
-        return await Reply(self, kind, r, reqs, want_lp, echo, prompt_lps).send(http)
+        return await Reply(self, kind, r, reqs, want_lp, echo, prompt_lps, tp).send(http)
 
     # -- the app --------------------------------------------------------------------------------
     def _build(self) -> FastAPI:
@@ -234,12 +238,13 @@ class Server:
                                "(or stream=false)", param="stream")
             internal = r.logprobs if r.logprobs is not None else (0 if best_of > r.n else None)  # best_of ranks by them
             scope = self._scope(r, http)
+            g = await asyncio.to_thread(tools.constraint, self.model, r, None)
 
             async def one(i: int, prompt):
                 ids = await asyncio.to_thread(self.model.encode, prompt)
                 reqs = await asyncio.to_thread(self._requests, r, ids, r.max_tokens if r.max_tokens is not None
                                                else 16, best_of, internal, scope, "prompt" if i is None else
-                                               f"prompt {i}")
+                                               f"prompt {i}", constraint=g)
                 return await self._respond("text", r, reqs, http, r.logprobs is not None, r.echo)
             if len(prompts) == 1:
                 return await one(None, prompts[0])
@@ -250,15 +255,18 @@ class Server:
             self._check_body(r, r.n)
             if r.top_logprobs is not None and not r.logprobs:
                 raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
-            prompt = await self._while_connected(http, self._chat_prompt, r)
+            tp = tools.plan(r)
+            tools.check_history(r.messages)
+            g = await asyncio.to_thread(tools.constraint, self.model, r, tp)
+            prompt = await self._while_connected(http, self._chat_prompt, r, tp)
             limit = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens  # 0 is a limit
             predicted = r.predicted()
             if len(predicted) > self.opts.max_prompt_chars:
                 raise APIError(400, f"prediction: more than {self.opts.max_prompt_chars} characters", param="prediction")
             reqs = await asyncio.to_thread(self._requests, r, prompt, limit, r.n,
                                            (r.top_logprobs or 0) if r.logprobs else None, self._scope(r, http),
-                                           prediction=predicted)
-            return await self._respond("chat", r, reqs, http, r.logprobs)
+                                           prediction=predicted, constraint=g)
+            return await self._respond("chat", r, reqs, http, r.logprobs, tp=tp)
 
         return Guard(BodyLimit(app, opts.max_body_bytes), opts, m, lambda: self.draining_since is not None)
 

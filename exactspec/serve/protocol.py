@@ -111,6 +111,9 @@ class _Sampling(BaseModel):
     n: int = 1
     ignore_eos: bool = False  # vLLM's extension: keep going past EOS until max_tokens
     receipt: bool = False  # ours: the answer carries a top-level `receipt` (exactspec/receipt.py)
+    response_format: "ResponseFormat | None" = None  # OpenAI's: JSON (any object, or a schema's)
+    grammar: str | None = None  # llama.cpp's extension: a GBNF grammar (or Lark) the answer follows
+    _check_grammar = field_validator("grammar")(_utf8)
     cache_salt: str | None = Field(None, max_length=256)  # vLLM's: the prefix cache shares only within one salt
     _check_salt = field_validator("cache_salt")(_utf8)
 
@@ -178,29 +181,95 @@ def _text(content: str | list[ContentPart] | None) -> str:
     return "".join(p.text or "" for p in content) if isinstance(content, list) else content or ""
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+    arguments: str  # JSON text, as OpenAI's API sends it
+    _check = field_validator("name", "arguments")(_utf8)
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+    _check = field_validator("id")(_utf8)
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    role: Literal["system", "developer", "user", "assistant"]  # tool messages: tools are not supported
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = Field(None, max_length=256)  # given to the chat template, as transformers does
     _check_content = field_validator("content", "name")(_utf8)
-    # an assistant turn's tool calls, audio and refusal: refused when set (no tools, no audio here)
-    tool_calls: list | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn's calls (its content may then be null)
+    tool_call_id: str | None = None  # a tool message answers this call
+    _check_id = field_validator("tool_call_id")(_utf8)
+    # an assistant turn's audio and refusal, the old function_call: refused when set
     function_call: dict | None = None
     audio: dict | None = None
     refusal: str | None = None
 
     @model_validator(mode="after")
-    def _no_tool_turns(self) -> "ChatMessage":
-        for f in ("tool_calls", "function_call", "audio", "refusal"):
+    def _check_turn(self) -> "ChatMessage":
+        for f in ("function_call", "audio", "refusal"):
             if getattr(self, f) is not None:
                 raise ValueError(f"'{f}' in a message is not supported by this server")
-        if self.content is None:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only an assistant message has 'tool_calls'")
+        if (self.tool_call_id is None) != (self.role != "tool"):
+            raise ValueError("a tool message needs 'tool_call_id' (and only a tool message has one)")
+        if self.content is None and not self.tool_calls:
             raise ValueError(f"a {self.role} message needs 'content' (a string or a list of text parts)")
         return self
 
     def text(self) -> str:
         return _text(self.content)
+
+
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(max_length=64)
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema")  # absent: any JSON object
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> "ResponseFormat":
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("'json_schema' is given with type 'json_schema', and only then")
+        return self
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema of the arguments (absent: no arguments)
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+
+
+class NamedTool(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class Prediction(BaseModel):
@@ -217,6 +286,9 @@ class ChatRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = None  # alternatives per token (<= 20), with logprobs=true
     prediction: Prediction | None = None  # honoured: its tokens are drafts (usage counts them)
+    tools: list[Tool] | None = None  # functions the model may call (rendered by the chat template)
+    tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None  # default: auto with tools
+    parallel_tool_calls: bool | None = None  # default true: several calls in one answer
 
     def predicted(self) -> str:
         return _text(self.prediction.content) if self.prediction is not None else ""
@@ -226,10 +298,10 @@ class ChatRequest(_Sampling):
 # so they are accepted and not used (the prefix cache here is keyed by the exact tokens).
 INFORMATIONAL = {"user", "metadata", "safety_identifier", "prompt_cache_key", "prompt_cache_retention"}
 # OpenAI fields we cannot honour: accepted at their defaults, refused when set (never silently ignored).
-UNSUPPORTED = {"suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
-               "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
+UNSUPPORTED = {"suffix": (None, ""), "logit_bias": (None, {}), "functions": (None, []),
+               "tools": (None, []), "tool_choice": (None, "none"), "parallel_tool_calls": (None,),  # completions
                "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-               "function_call": (None, "none"), "parallel_tool_calls": (None,), "store": (None, False),
+               "function_call": (None, "none"), "store": (None, False),
                "service_tier": (None, "auto", "default"), "modalities": (None, ["text"]), "audio": (None,),
                "reasoning_effort": (None,), "verbosity": (None,), "web_search_options": (None,)}
 
@@ -252,10 +324,14 @@ class Shapes:
     def __init__(self, kind: str, rid: str, created: int, model: str, obfuscate: bool = False):
         self.kind, self.rid, self.created, self.model, self.obfuscate = kind, rid, created, model, obfuscate
 
-    def choice(self, text: str, finish: str | None, delta: bool, index: int = 0, logprobs: dict | None = None) -> dict:
+    def choice(self, text: str | None, finish: str | None, delta: bool, index: int = 0, logprobs: dict | None = None,
+               tool_calls: list[dict] | None = None) -> dict:
+        """A choice; with `tool_calls` (chat), its calls: whole, or as one delta each with its index."""
         if self.kind == "chat":
-            body = {"delta": {"role": "assistant", "content": text}} if delta else \
-                {"message": {"role": "assistant", "content": text}}
+            msg: dict = {"role": "assistant", "content": text}
+            if tool_calls:
+                msg["tool_calls"] = [{"index": i, **c} for i, c in enumerate(tool_calls)] if delta else tool_calls
+            body = {"delta" if delta else "message": msg}
         else:
             body = {"text": text}
         return {"index": index, **body, "logprobs": logprobs, "finish_reason": finish}
@@ -265,14 +341,15 @@ class Shapes:
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
                 "choices": choices, "usage": usage}
 
-    def chunk(self, text: str = "", finish: str | None = None, usage: dict | None = None,
-              logprobs: dict | None = None, index: int = 0, fields: dict | None = None) -> bytes:
+    def chunk(self, text: str | None = "", finish: str | None = None, usage: dict | None = None,
+              logprobs: dict | None = None, index: int = 0, fields: dict | None = None,
+              tool_calls: list[dict] | None = None) -> bytes:
         """A chunk of choice `index`; with `usage` (or other top-level `fields`, the receipt): a chunk
         with no choices carrying them."""
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         fields = {**(fields or {}), **({"usage": usage} if usage is not None else {})}
         body = {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
-                "choices": [] if fields else [self.choice(text, finish, True, index, logprobs)], **fields}
+                "choices": [] if fields else [self.choice(text, finish, True, index, logprobs, tool_calls)], **fields}
         if self.obfuscate:  # OpenAI's stream_options.include_obfuscation: chunk sizes no longer tell the text's
             body["obfuscation"] = secrets.token_urlsafe(secrets.randbelow(12) + 1)
         return sse(body)
@@ -313,3 +390,7 @@ def chat_logprobs(tokens: list[str], logprobs: list[float], tops: list[list[tupl
         return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
     return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, b) for a, b in top]}
                         for t, lp, top in zip(tokens, logprobs, tops)]}
+
+
+for _m in (_Sampling, CompletionRequest, ChatRequest):  # response_format's class is defined after _Sampling
+    _m.model_rebuild()

@@ -21,6 +21,7 @@ from ..decode.sampling import TokenLogprob
 from ..text.stream import StopCut
 from .engine import Engine, EngineDown, Event, Job
 from .metrics import Metrics
+from . import tools
 from .protocol import DONE, APIError, Shapes, _Sampling, chat_logprobs, completion_logprobs, error_body, sse, usage
 
 log = logging.getLogger("exactspec.server")
@@ -138,8 +139,9 @@ class Reply:
     Requests (n, or best_of candidates); `prompt_lps` the echoed prompt's logprobs, when asked."""
 
     def __init__(self, app: Server, kind: str, r: _Sampling, reqs: list[Request], want_lp: bool, echo: bool,
-                 prompt_lps: list[TokenLogprob] | None):
+                 prompt_lps: list[TokenLogprob] | None, tp: tools.ToolPlan | None = None):
         self.app, self.kind, self.r, self.reqs, self.want_lp = app, kind, r, reqs, want_lp
+        self.tp = tp if tp is not None and tp.parse else None  # answers read for tool calls
         self.prompt = list(reqs[0].prompt)
         self.prompt_text = app.model.decode(self.prompt) if echo else ""
         self.echo, self.prompt_lps = echo, prompt_lps
@@ -176,13 +178,22 @@ class Reply:
         if len(gens) > self.r.n:  # best_of: the n candidates with the highest mean token logprob
             mean = [sum(x.logprob for x in g.lp) / max(1, len(g.lp)) for g in gens]
             order = sorted(order, key=lambda i: -mean[i])[: self.r.n]
-        choices = [self.shapes.choice(self.prompt_text + texts[i], gens[i].finish_reason, False, j,
-                                      self._logprobs(gens[i].lp, self.prompt_lps, 0) if self.want_lp else None)
-                   for j, i in enumerate(order)]
+        choices = []
+        for j, i in enumerate(order):
+            text, calls, finish = self._calls(self.prompt_text + texts[i], gens[i].finish_reason)
+            choices.append(self.shapes.choice(text, finish, False, j, self._logprobs(gens[i].lp, self.prompt_lps, 0)
+                                              if self.want_lp else None, calls))
         body = self.shapes.whole(choices, _usage(self.prompt, gens))
         if self.r.receipt:
             body["receipt"] = self.receipt([gens[i] for i in order])
         return JSONResponse(body)
+
+    def _calls(self, text: str, finish: str | None) -> tuple[str | None, list[dict] | None, str | None]:
+        """An answer as (content, tool_calls, finish_reason): read for calls where tools are offered."""
+        if self.tp is None:
+            return text, None, finish
+        content, calls = tools.calls(text, self.tp)
+        return (content, calls, "tool_calls") if calls else (text, None, finish)
 
     def receipt(self, gens: list[Generation]) -> dict:
         """The receipt of these choices (in their order): each with its seed, tokens and finish reason."""
@@ -191,6 +202,8 @@ class Reply:
 
     async def stream(self, gens: list[Generation]) -> StreamingResponse:
         chunks = _Chunks(self, gens)
+        if self.tp is not None:  # calls are known only once the text is whole: each choice in one chunk
+            return StreamingResponse(self._whole_chunks(chunks, gens), media_type="text/event-stream")
         if len(gens) == 1:
             pieces = gens[0].pieces()
             first = await anext(pieces, None)  # errors before the first byte still get a status code
@@ -214,6 +227,27 @@ class Reply:
             yield error_event(e)
         finally:
             await pieces.aclose()  # on disconnect this cancels the request and frees its slot
+        yield DONE
+
+    async def _whole_chunks(self, chunks: "_Chunks", gens: list[Generation]) -> AsyncIterator[bytes]:
+        """Tools offered: each choice's answer collected, then sent as its content or its tool-call deltas."""
+        task = asyncio.ensure_future(asyncio.gather(*[_collect(g.pieces()) for g in gens]))
+        try:
+            texts = await task
+            for i, (g, text) in enumerate(zip(gens, texts)):
+                content, calls, finish = self._calls(text, g.finish_reason)
+                if calls:
+                    yield chunks.chunk(i, None, tool_calls=calls)
+                elif content:
+                    yield chunks.chunk(i, content)
+                yield chunks.chunk(i, "", finish)
+            for c in chunks.end()[:-1]:
+                yield c
+        except Exception as e:
+            yield error_event(e)
+        finally:  # on disconnect: every choice's generation is cancelled
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
         yield DONE
 
     async def _many(self, chunks: "_Chunks", gens: list[Generation]) -> AsyncIterator[bytes]:
@@ -281,14 +315,14 @@ class _Chunks:
         self.reply, self.gens = reply, gens
         self.sent = [[0, len(reply.prompt_text)] for _ in gens]  # per choice: logprobs sent, characters sent
 
-    def chunk(self, i: int, text: str, finish: str | None = None) -> bytes:
+    def chunk(self, i: int, text: str | None, finish: str | None = None, tool_calls: list[dict] | None = None) -> bytes:
         rp, g, s = self.reply, self.gens[i], self.sent[i]
         lp = None
         if rp.want_lp:
             lp = rp._logprobs(g.lp[s[0]:], None, s[1])
             s[0] = len(g.lp)
-        s[1] += len(text)
-        return rp.shapes.chunk(text, finish, logprobs=lp, index=i)
+        s[1] += len(text or "")
+        return rp.shapes.chunk(text, finish, logprobs=lp, index=i, tool_calls=tool_calls)
 
     def start(self) -> list[bytes]:
         rp = self.reply

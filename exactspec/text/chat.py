@@ -105,12 +105,13 @@ class _Cancelled(Exception):
 
 def render(tokenizer_config: dict, messages: list[dict], add_generation_prompt: bool = True,
            max_chars: int | None = None, max_steps: int = MAX_STEPS,
-           cancelled: Callable[[], bool] | None = None) -> str:
+           cancelled: Callable[[], bool] | None = None, tools: list[dict] | None = None) -> str:
     """The chat prompt as text. Errors: TemplateError (400: the template refused these messages
     with raise_exception, could not render them, rendered more than `max_chars`, or ran more than
     `max_steps` lines of its code: nested loops cannot pin a core); ChatTemplateBroken (the model's
     template itself does not compile: the server's fault). `cancelled()` true (the client left) stops
-    the rendering with TemplateError too."""
+    the rendering with TemplateError too. `tools`: given to the template as transformers does (OpenAI's
+    tool objects), when there are any."""
     source = template_source(tokenizer_config)
     if source is None:
         raise TemplateError("this model's tokenizer_config.json has no chat_template; use /v1/completions",
@@ -124,7 +125,8 @@ def render(tokenizer_config: dict, messages: list[dict], add_generation_prompt: 
         with _Budget(max_steps, cancelled):
             for piece in template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
                                            bos_token=_token(tokenizer_config, "bos_token"),
-                                           eos_token=_token(tokenizer_config, "eos_token")):
+                                           eos_token=_token(tokenizer_config, "eos_token"),
+                                           **({"tools": tools} if tools else {})):
                 n += len(piece)
                 if max_chars is not None and n > max_chars:
                     raise TemplateError(f"messages: the rendered chat prompt exceeds {max_chars} characters",

@@ -1,0 +1,178 @@
+"""Constrained decoding: a grammar (a JSON schema, a Lark or GBNF grammar, a regex, a choice of strings)
+that keeps every token of the answer inside it. llguidance (Microsoft's Rust matcher, the one vLLM and
+llama.cpp use too) computes which tokens may come next; the pick takes the best of those only.
+
+Why the promise holds: the mask at a position is a function of the sequence's own tokens (the
+matcher is advanced on committed tokens only, and rolled back from the drafts it tried), so a masked
+pick is a function of the prefix exactly as the logits are. Plain constrained decoding is this with
+no drafts; with drafts every row is picked under the mask of its own prefix.
+
+Forced text (the schema's keys, quotes, braces; the one value an enum leaves) is proposed as a draft of
+certainty 1: llguidance's tokens for the forced bytes, verified like any draft. Where the model would
+split the text into other tokens the verify keeps the model's split, so the answer is plain constrained
+decoding's, never a re-tokenization of the string.
+
+Why llguidance (measured on SmolLM2's 49k vocabulary, bench/structured.py): a schema compiles in ~1 ms,
+a mask takes ~0.05-0.3 ms beside a ~4.5 ms forward, the wheel has no dependencies; it takes JSON Schema
+(draft 2020-12's common keywords), Lark (with %json inside), regexes, and llama.cpp's GBNF through its
+converter. xgrammar needs torch-version-matched builds and compiles a schema in tens of ms.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import GenerationError, InvalidRequest
+
+# How JSON is written under a schema: one space after ',' and ':', no other whitespace (forced text the
+# model need not guess; json.dumps's default separators)
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+KINDS = ("json_schema", "grammar", "regex", "choice")
+
+
+class Vocab:
+    """A model's tokenizer as llguidance reads it (built once per model, ~0.2 s for 49k tokens)."""
+
+    def __init__(self, tokenizer_json: str, n_vocab: int, eos: Sequence[int]):
+        import llguidance
+        self.n_vocab, self.eos = n_vocab, frozenset(int(t) for t in eos)
+        self.tok = llguidance.LLTokenizer(tokenizer_json, n_vocab=n_vocab, eos_token=sorted(self.eos) or None)
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A validated constraint: `kind` one of KINDS, `source` as the caller wrote it (the schema as JSON
+    text, the grammar, the regex, the choices as a JSON list) and llguidance's compiled form."""
+    kind: str
+    source: str
+    compiled: str = field(repr=False)
+    vocab: Vocab = field(repr=False, compare=False)
+
+
+def _schema(v: Any) -> dict:
+    if isinstance(v, type) and hasattr(v, "model_json_schema"):  # a pydantic model class
+        v = v.model_json_schema()
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError as e:
+            raise InvalidRequest(f"json_schema: not valid JSON ({e})", "json_schema") from None
+    if not isinstance(v, dict):
+        raise InvalidRequest(f"json_schema: expected a JSON schema object (a dict or a pydantic model class), got "
+                             f"{type(v).__name__}", "json_schema")
+    return v
+
+
+def _gbnf(text: str) -> str:
+    from llguidance.gbnf_to_lark import gbnf_to_lark
+    try:
+        return gbnf_to_lark(text)
+    except Exception as e:  # the converter raises its own parse errors
+        raise InvalidRequest(f"grammar: not a valid GBNF grammar ({e})", "grammar") from None
+
+
+def make_grammar(vocab: Vocab, kind: str, value: Any, name: str | None = None) -> Grammar:
+    """A Grammar for a constraint given as the library takes it, or InvalidRequest naming `name`
+    (default: the kind): json_schema a dict, JSON text or pydantic model class; grammar Lark text (or
+    GBNF, told by its '::='); regex a string; choice a list of strings."""
+    from llguidance import LLMatcher
+    name = name or kind
+    if kind == "json_schema":
+        schema = _schema(value)
+        source = json.dumps(schema, sort_keys=True)
+        compiled = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    elif kind in ("grammar", "regex") and not isinstance(value, str):
+        raise InvalidRequest(f"{name}: expected a string, got {type(value).__name__}", name)
+    elif kind == "grammar":
+        source = value
+        compiled = LLMatcher.grammar_from_lark(_gbnf(value) if "::=" in value else value)
+    elif kind == "regex":
+        source, compiled = value, LLMatcher.grammar_from_regex(value)
+    elif kind == "choice":
+        if not isinstance(value, (list, tuple)) or not value or not all(isinstance(c, str) and c for c in value):
+            raise InvalidRequest(f"{name}: expected a non-empty list of non-empty strings", name)
+        source = json.dumps(list(value))
+        compiled = LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in value))
+    else:
+        raise InvalidRequest(f"constraint kind {kind!r}: one of {', '.join(KINDS)}", name)
+    bad, messages = LLMatcher.validate_grammar_with_warnings(compiled, vocab.tok)
+    if bad:
+        raise InvalidRequest(f"{name}: {messages[0] if messages else 'not a valid constraint'}", name)
+    return Grammar(kind, source, compiled, vocab)
+
+
+def lark_json(schema: dict) -> str:
+    """A schema as a Lark rule's body (%json, written as JSON_OPTIONS say): for grammars that wrap JSON."""
+    return "%json " + json.dumps({**schema, "x-guidance": JSON_OPTIONS})
+
+
+class Matcher:
+    """One sequence's place in its grammar. `mask()` is a function of the tokens `advance`d so far."""
+
+    def __init__(self, g: Grammar):
+        from llguidance import LLMatcher
+        self.g, self.n = g, g.vocab.n_vocab
+        self.m = LLMatcher(g.vocab.tok, g.compiled, log_level=0)
+        self._check("the grammar")
+
+    def _check(self, what: str) -> None:
+        if self.m.is_error():
+            raise GenerationError(f"constraint ({self.g.kind}): {what}: {self.m.get_error()}")
+
+    @property
+    def done(self) -> bool:
+        """Nothing can follow the tokens so far: the answer is complete."""
+        return self.m.is_stopped()
+
+    def mask(self) -> np.ndarray:
+        """(V,) bool: the tokens the grammar allows next. None allowed is an error, never an unconstrained pick."""
+        bits = np.frombuffer(self.m.compute_bitmask(), np.uint8)
+        self._check("computing the allowed tokens")
+        allowed = np.unpackbits(bits, bitorder="little")[: self.n].astype(bool)
+        if not allowed.any():
+            raise GenerationError(f"constraint ({self.g.kind}): the grammar allows no token after this output")
+        return allowed
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        if tokens and not self.m.consume_tokens(list(tokens)):
+            self._check(f"token {list(tokens)}")
+            raise GenerationError(f"constraint ({self.g.kind}): tokens {list(tokens)} are not allowed here")
+
+    def rollback(self, n: int) -> None:
+        if n:
+            self.m.rollback(n)
+
+    def draft(self, proposed: Sequence[int], limit: int) -> tuple[list[int], int]:
+        """The draft to verify, at most `limit` tokens: where the grammar forces text, its tokens (the
+        drafter's where they spell the same); elsewhere the drafter's tokens while the grammar allows
+        them. Returns (draft, how many of its tokens are the drafter's own guesses). The matcher is left
+        where it was."""
+        out, guessed, i = [], 0, 0
+        eos = self.g.vocab.eos
+        while len(out) < limit and not self.m.is_stopped():
+            ff = [t for t in self.m.compute_ff_tokens() if t not in eos][: limit - len(out)]
+            if ff:
+                if list(proposed[i: i + len(ff)]) == ff:
+                    i += len(ff)
+                else:
+                    i = len(proposed)  # the drafter guessed past other text: its tokens no longer line up
+                took = self.m.try_consume_tokens(ff)
+                out += ff[:took]
+                if took < len(ff):
+                    break
+            elif i < len(proposed) and proposed[i] not in eos and self.m.try_consume_tokens([proposed[i]]) == 1:
+                out.append(int(proposed[i]))
+                guessed, i = guessed + 1, i + 1
+            else:
+                break
+        self.rollback(len(out))
+        return out, guessed
+
+
+def masked(row: torch.Tensor, allowed: np.ndarray) -> torch.Tensor:
+    """A logits row with the tokens the grammar forbids at -inf."""
+    return torch.where(torch.from_numpy(allowed), row, torch.tensor(float("-inf")))

@@ -1,0 +1,122 @@
+"""Constrained decoding (decode/constraint.py): every answer stays inside its grammar, and every token,
+logprob and finish reason is plain constrained decoding's (no drafts, a batch of one) whatever drafts
+the forced text, the drafter or a prediction proposed, greedy or seeded, batched beside free requests."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import exactspec
+from exactspec.decode import loop
+from exactspec.decode.constraint import Matcher, masked
+from exactspec.decode.sampling import SamplingParams, pick
+from exactspec.errors import InvalidRequest
+
+SCHEMA = {"type": "object", "properties": {
+    "kind": {"enum": ["fox", "dog", "stack"]},
+    "n": {"type": "integer", "minimum": 0, "maximum": 999},
+    "tags": {"type": "array", "items": {"enum": ["a", "bb"]}, "minItems": 1, "maxItems": 3},
+    "name": {"type": "string", "maxLength": 6},
+    "ok": {"type": "boolean"}}, "required": ["kind", "n", "tags", "name", "ok"], "additionalProperties": False}
+PROMPTS = [[5, 6, 7, 8], [100, 3, 100, 3, 9], list(range(20, 60))]
+
+
+@pytest.fixture(scope="module")
+def m(ckpt):
+    return exactspec.load(ckpt("llama"))
+
+
+def _answer(r) -> tuple:
+    return r.token_ids, r.finish_reason, [(x.token, x.logprob, x.top) for x in r.logprobs or []]
+
+
+def _valid(d: dict) -> None:
+    assert set(d) == set(SCHEMA["properties"]) and d["kind"] in ("fox", "dog", "stack")
+    assert 0 <= d["n"] <= 999 and 1 <= len(d["tags"]) <= 3 and len(d["name"]) <= 6 and isinstance(d["ok"], bool)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.3])
+@pytest.mark.parametrize("mode", ["raw", "processed"])
+def test_constrained_answers_are_plain_constrained_decoding(m, temperature, mode, monkeypatch):
+    monkeypatch.setattr(loop, "verify_costs", lambda net, context=32: np.ones(17))  # "auto": not a timing
+    kw = dict(temperature=temperature, seed=[3, 4, 5], logprobs=2, logprobs_mode=mode)
+    plain = [m.generate(p, 90, json_schema=SCHEMA, num_draft_tokens=0, temperature=temperature, seed=s, logprobs=2,
+                        logprobs_mode=mode) for p, s in zip(PROMPTS, kw["seed"])]
+    for r in plain:
+        assert r.finish_reason == "stop" and r.stats.forward_passes == len(r.token_ids)  # no drafts at k = 0
+        _valid(json.loads(r.text))
+    want = [_answer(r) for r in plain]
+    free = _answer(m.generate(PROMPTS[1], 90, temperature=temperature, seed=4, logprobs=2, logprobs_mode=mode))
+    runs = {"forced": {}, "forced k=3": dict(num_draft_tokens=3), "lookup": dict(draft="lookup"),
+            "lookup k=8": dict(draft="lookup", num_draft_tokens=8), "pool": dict(draft="pool"),
+            "prediction": dict(prediction=[r.text for r in plain]),
+            "wrong prediction": dict(prediction='{"kind": "dog", "n": 7, "tags": ["a"]}')}
+    for name, extra in runs.items():
+        got = m.generate_batch(PROMPTS, 90, json_schema=SCHEMA, **kw, **extra)
+        assert [_answer(r) for r in got] == want, name
+        # mixed with a free request (the same batch, the same slot numbers shuffled)
+        extra = {k: v[:2][::-1] if k == "prediction" else v for k, v in extra.items()}
+        mix = m.generate_batch([PROMPTS[1], PROMPTS[0]], 90, json_schema=[None, SCHEMA], temperature=temperature,
+                               seed=[4, 3], logprobs=2, logprobs_mode=mode, **extra)
+        assert _answer(mix[1]) == want[0] and _answer(mix[0]) == free, name
+    fast = m.generate_batch(PROMPTS, 90, json_schema=SCHEMA, **kw)
+    assert sum(r.stats.forward_passes for r in fast) < 0.7 * sum(r.stats.forward_passes for r in plain)
+
+
+def test_forced_text_with_another_split_keeps_the_models(m):
+    """Choices whose text the vocabulary splits several ways: the forced tokens are llguidance's split, the
+    model's sampled split may differ; the answer is always the model's (plain decoding's)."""
+    words = ["the quick brown fox", "the quick brown dog", "def fibonacci(n):"]
+    other = 0
+    for seed in range(12):
+        plain = m.generate(PROMPTS[seed % 3], 40, choice=words, num_draft_tokens=0, temperature=1.5, seed=seed)
+        fast = m.generate(PROMPTS[seed % 3], 40, choice=words, temperature=1.5, seed=seed, draft="lookup")
+        assert fast.token_ids == plain.token_ids and fast.text in words and fast.finish_reason == "stop"
+        other += plain.token_ids != m.tokenizer.encode(plain.text, add_special_tokens=False)
+    assert other, "no answer took a split other than the tokenizer's: the test proves nothing"
+
+
+def test_the_masked_pick_is_the_best_allowed_token(m):
+    g = m.constraint("regex", r"(ab|cd)[0-9]{2,4}")
+    rng = np.random.default_rng(0)
+    for trial in range(20):
+        mt = Matcher(g)
+        mt.advance(m.tokenizer.encode("ab", add_special_tokens=False))
+        allowed = mt.mask()
+        row = torch.from_numpy(rng.standard_normal(m.cfg.vocab_size).astype(np.float32))
+        want = int(np.flatnonzero(allowed)[np.argmax(row.numpy()[allowed])])
+        assert pick(masked(row, allowed), SamplingParams(), 0, []) == want
+        t = pick(masked(row, allowed), SamplingParams(temperature=2.0, seed=trial), 5, [])
+        assert allowed[t]
+
+
+def test_length_ends_with_a_valid_prefix_and_errors_name_the_field(m):
+    r = m.generate(PROMPTS[0], 5, json_schema=SCHEMA)
+    assert r.finish_reason == "length" and len(r.token_ids) == 5
+    mt = Matcher(m.constraint("json_schema", SCHEMA))
+    mt.advance(r.token_ids)  # raises if the prefix left the grammar
+    for kw, field in ((dict(json_schema={"type": "object", "properties": {"a": {"type": "strin"}}}), "json_schema"),
+                      (dict(json_schema="{not json"), "json_schema"), (dict(grammar="root ::= missing"), "grammar"),
+                      (dict(grammar="start: (("), "grammar"), (dict(regex="(unclosed"), "regex"),
+                      (dict(choice=[]), "choice"), (dict(choice=["a", 3]), "choice"),
+                      (dict(regex="a", choice=["a"]), "regex")):
+        with pytest.raises(InvalidRequest) as e:
+            m.generate(PROMPTS[0], 5, **kw)
+        assert e.value.field == field, kw
+
+
+def test_gbnf_lark_pydantic_and_per_prompt_constraints(m):
+    from pydantic import BaseModel
+
+    class Pet(BaseModel):
+        kind: str
+        legs: int
+    gbnf = m.generate(PROMPTS[0], 20, grammar='root ::= "yes" | "no" | "maybe"')
+    lark = m.generate(PROMPTS[0], 20, grammar='start: "yes" | "no" | "maybe"')
+    assert gbnf.text in ("yes", "no", "maybe") and gbnf.token_ids == lark.token_ids
+    pet = m.generate(PROMPTS[1], 60, json_schema=Pet)
+    if pet.finish_reason == "stop":
+        Pet.model_validate_json(pet.text)
+    both = m.generate_batch(PROMPTS[:2], 20, choice=[["x1", "y2"], None], ignore_eos=True)
+    assert both[0].text in ("x1", "y2") and both[1].finish_reason == "length"
