@@ -6,6 +6,7 @@ import dataclasses
 import json
 import re
 import sys
+from pathlib import Path
 
 from .errors import ExactSpecError, InvalidRequest
 
@@ -46,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "first draft token verified beside it, where the measured costs say it pays (default 1: a chain)")
     add_flags(g, SamplingParams)  # --temperature, --top-k, ... --seed: one per field
     g.add_argument("--ignore-eos", action="store_true")
+    c = g.add_mutually_exclusive_group()  # constrained output (docs/structured.md)
+    c.add_argument("--json-schema", default=None, metavar="SCHEMA", help="the answer follows this JSON schema "
+                   "(JSON text, or @FILE)")
+    c.add_argument("--grammar", default=None, help="the answer follows this Lark or GBNF grammar (text, or @FILE)")
+    c.add_argument("--regex", default=None, help="the whole answer matches this regex")
+    c.add_argument("--choice", default=None, nargs="+", help="the answer is one of these strings")
     g.add_argument("--threads", type=int, default=None, help="kernel threads (output does not depend on it)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     g.add_argument("--receipt", default=None, metavar="FILE", help="write the answer's receipt (JSON) to FILE: "
@@ -265,9 +272,11 @@ def cmd_generate(a: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     sampling = {f.name: getattr(a, f.name) for f in dataclasses.fields(SamplingParams)}  # flags named as fields
+    constrained = {k: _text_or_file(v, "--" + k.replace("_", "-")) if k != "choice" else v for k in
+                   ("json_schema", "grammar", "regex", "choice") if (v := getattr(a, k)) is not None}
     r = model.generate(a.prompt, max_new_tokens=a.max_new_tokens, ignore_eos=a.ignore_eos, draft=draft,
                        num_draft_tokens=a.num_draft_tokens, draft_branches=a.draft_branches,
-                       on_text=None if a.json else stream, **sampling)
+                       on_text=None if a.json else stream, **sampling, **constrained)
     s = r.stats
     if a.receipt:
         _write(a.receipt, json.dumps(r.receipt(), indent=1))
@@ -283,6 +292,16 @@ def cmd_generate(a: argparse.Namespace) -> int:
                  f"{s.mean_accepted_length:.2f} tokens/step, {r.batch.draft_forward_passes} draft forwards")
     print(line + "]", file=sys.stderr)
     return 0
+
+
+def _text_or_file(v: str, flag: str) -> str:
+    """A flag's text, or the file's after '@'."""
+    if not v.startswith("@"):
+        return v
+    try:
+        return Path(v[1:]).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidRequest(f"{flag} {v}: cannot read the file ({e})", flag) from None
 
 
 def _write(path: str, text: str) -> None:

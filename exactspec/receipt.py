@@ -8,7 +8,8 @@ holds what that replay needs and what it must find:
     model       the file's sha256 (a folder: of its weights and config files), the tokenizer's and the
                 chat template's sha256, the load settings (dtype, quantize, activations, kv_dtype)
     numerics    NUMERICS_VERSION: the kernels' arithmetic, tied to their golden record
-    request     prompt token ids, sampling parameters, max_new_tokens, EOS ids, stop strings
+    request     prompt token ids, sampling parameters, max_new_tokens, EOS ids, stop strings, the constraint
+                (its kind and source: a JSON schema, grammar, regex or choice list), if any
     choices     per answer: its resolved seed, output token ids, their sha256, the finish reason
 
 `make` writes one, `verify` replays one. The library (`GenerationResult.receipt()`), the CLI
@@ -115,7 +116,9 @@ def make(model: Any, req: Request, choices: Sequence[tuple[int | None, Sequence[
     return {"receipt": FORMAT, "numerics": NUMERICS_VERSION, "model": model_facts(model),
             "request": {"prompt_ids": list(req.prompt), "temperature": p.temperature, "top_k": p.top_k,
                         "top_p": p.top_p, "min_p": p.min_p, "repetition_penalty": p.repetition_penalty,
-                        "max_new_tokens": req.max_new_tokens, "eos": sorted(req.eos), "stop": list(req.stop)},
+                        "max_new_tokens": req.max_new_tokens, "eos": sorted(req.eos), "stop": list(req.stop),
+                        **({"constraint": {"kind": req.constraint.kind, "source": req.constraint.source}}
+                           if req.constraint is not None else {})},
             "choices": [{"seed": seed, "token_ids": [int(t) for t in ids], "sha256": ids_sha256(ids),
                          "finish_reason": finish} for seed, ids, finish in choices]}
 
@@ -146,10 +149,23 @@ def replay(model: Any, receipt: dict) -> list[tuple[list[int], str]]:
                   repetition_penalty=_field(r, "repetition_penalty", (int, float), "request."))
     stops, prompt = _field(r, "stop", list, "request."), _field(r, "prompt_ids", list, "request.")
     n, eos = _field(r, "max_new_tokens", int, "request."), _field(r, "eos", list, "request.")
+    grammar = None
+    if r.get("constraint") is not None:
+        kind = _field(r["constraint"], "kind", str, "request.constraint.")
+        source = _field(r["constraint"], "source", str, "request.constraint.")
+        value = source
+        if kind == "choice":
+            try:
+                value = json.loads(source)
+            except ValueError:
+                raise InvalidRequest("receipt: request.constraint.source is not a JSON list of choices",
+                                     "receipt") from None
+        grammar = model.constraint(kind, value, "receipt.request.constraint")
     out = []
     for c in _field(receipt, "choices", list, ""):
         seed = c.get("seed") if isinstance(c, dict) else None
-        req = make_request(model.net.limits, prompt, n, SamplingParams(**params, seed=seed), eos=eos, stop=stops)
+        req = make_request(model.net.limits, prompt, n, SamplingParams(**params, seed=seed), eos=eos, stop=stops,
+                           constraint=grammar)
         (seq,), _ = run_batch(model.net, [req], None, None)
         ids, finish = list(seq.generated), seq.finish_reason
         if req.stop and model.tokenizer is not None:

@@ -33,6 +33,21 @@ def test_generate_streams_text_and_prints_draft_stats(ckpt):
     assert look.returncode == 0 and "proposed" in look.stderr
 
 
+def test_generate_constrained_and_its_errors(ckpt, tmp_path):
+    d = str(ckpt("llama"))
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"enum": ["x", "yy"]}}, "required": ["a"]}))
+    r = run_cli("generate", "--model", d, "--prompt", "import os", "--json-schema", f"@{schema}", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(json.loads(r.stdout)["text"]) in ({"a": "x"}, {"a": "yy"})
+    r = run_cli("generate", "--model", d, "--prompt", "import os", "--choice", "fox", "dog", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["text"] in ("fox", "dog"), r.stderr
+    r = run_cli("generate", "--model", d, "--prompt", "import os", "--regex", "(unclosed")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "regex" in r.stderr, r.stderr
+    r = run_cli("generate", "--model", d, "--prompt", "x", "--json-schema", f"@{tmp_path / 'missing.json'}")
+    assert r.returncode == 2 and "cannot read the file" in r.stderr, r.stderr
+
+
 def test_serve_errors_are_one_line_exit_2(tmp_path):
     r = run_cli("serve", "--model", str(tmp_path / "missing"), "--port", "1")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "missing: no such file or directory" in r.stderr

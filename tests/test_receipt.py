@@ -29,7 +29,12 @@ def model(ckpt):
 
 @pytest.mark.parametrize("kw", [{}, {"draft": "lookup", "num_draft_tokens": 4},
                                 {"temperature": 0.9, "seed": 11, "draft": "lookup"},
-                                {"temperature": 0.7, "seed": None, "top_p": 0.9}])
+                                {"temperature": 0.7, "seed": None, "top_p": 0.9},
+                                {"json_schema": {"type": "object", "properties": {"a": {"enum": ["x", "yy"]}},
+                                                 "required": ["a"]}, "draft": "lookup"},
+                                {"choice": ["fox", "dog"], "temperature": 1.5, "seed": 2},
+                                {"regex": "[0-9]{3,9}", "temperature": 1.5, "seed": 2},
+                                {"grammar": 'root ::= "yes" | "no"'}])
 def test_a_receipt_verifies_by_plain_decoding(model, kw):
     r = model.generate([5, 6, 7, 8, 5, 6, 7], 24, ignore_eos=True, **kw)
     rec = json.loads(json.dumps(r.receipt()))  # through JSON, as it is kept

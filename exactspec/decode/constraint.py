@@ -72,15 +72,29 @@ def _gbnf(text: str) -> str:
     try:
         return gbnf_to_lark(text)
     except Exception as e:  # the converter raises its own parse errors
-        raise InvalidRequest(f"grammar: not a valid GBNF grammar ({e})", "grammar") from None
+        raise InvalidRequest(f"grammar: not a valid GBNF grammar ({_line(str(e))})", "grammar") from None
 
 
 def make_grammar(vocab: Vocab, kind: str, value: Any, name: str | None = None) -> Grammar:
     """A Grammar for a constraint given as the library takes it, or InvalidRequest naming `name`
     (default: the kind): json_schema a dict, JSON text or pydantic model class; grammar Lark text (or
     GBNF, told by its '::='); regex a string; choice a list of strings."""
-    from llguidance import LLMatcher
     name = name or kind
+    try:
+        return _make(vocab, kind, value, name)
+    except InvalidRequest:
+        raise
+    except Exception as e:  # llguidance's own errors on what it was given (a ValueError, a RuntimeError)
+        raise InvalidRequest(f"{name}: not a valid constraint ({type(e).__name__}: {_line(str(e))})", name) from None
+
+
+def _line(message: str) -> str:
+    """llguidance's message (several lines, a caret under the spot) as one line."""
+    return " ".join(message.split())[:400]
+
+
+def _make(vocab: Vocab, kind: str, value: Any, name: str) -> Grammar:
+    from llguidance import LLMatcher
     if kind == "json_schema":
         schema = _schema(value)
         source = json.dumps(schema, sort_keys=True)
@@ -101,7 +115,7 @@ def make_grammar(vocab: Vocab, kind: str, value: Any, name: str | None = None) -
         raise InvalidRequest(f"constraint kind {kind!r}: one of {', '.join(KINDS)}", name)
     bad, messages = LLMatcher.validate_grammar_with_warnings(compiled, vocab.tok)
     if bad:
-        raise InvalidRequest(f"{name}: {messages[0] if messages else 'not a valid constraint'}", name)
+        raise InvalidRequest(f"{name}: {_line(messages[0]) if messages else 'not a valid constraint'}", name)
     return Grammar(kind, source, compiled, vocab)
 
 

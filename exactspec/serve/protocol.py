@@ -71,6 +71,15 @@ def _utf8(v):
     return v
 
 
+def _utf8_deep(v):
+    """_utf8 for any JSON value (a schema, a tool's parameters): a ValueError naming where a lone surrogate sits."""
+    try:
+        _no_surrogates(v, "")
+    except APIError as e:
+        raise ValueError(e.message.lstrip(".: ")) from None
+    return v
+
+
 def _no_surrogates(v, where: str) -> None:
     """400 for a lone surrogate anywhere in a JSON value (strings, list items, object keys and values)."""
     stack = [(v, where)]
@@ -233,6 +242,7 @@ class JSONSchemaFormat(BaseModel):
     description: str | None = None
     schema_: dict | None = Field(None, alias="schema")  # absent: any JSON object
     strict: bool | None = None
+    _check = field_validator("name", "description", "schema_")(_utf8_deep)
 
 
 class ResponseFormat(BaseModel):
@@ -253,6 +263,7 @@ class FunctionDef(BaseModel):
     description: str | None = None
     parameters: dict | None = None  # a JSON schema of the arguments (absent: no arguments)
     strict: bool | None = None
+    _check = field_validator("description", "parameters")(_utf8_deep)
 
 
 class Tool(BaseModel):
@@ -264,6 +275,7 @@ class Tool(BaseModel):
 class NamedFunction(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     name: str
+    _check = field_validator("name")(_utf8)
 
 
 class NamedTool(BaseModel):

@@ -193,7 +193,9 @@ class Reply:
         if self.tp is None:
             return text, None, finish
         content, calls = tools.calls(text, self.tp)
-        return (content, calls, "tool_calls") if calls else (text, None, finish)
+        if not calls:
+            return text, None, finish
+        return content, calls, "tool_calls" if finish == "stop" else finish  # cut by max_tokens: "length" stays
 
     def receipt(self, gens: list[Generation]) -> dict:
         """The receipt of these choices (in their order): each with its seed, tokens and finish reason."""

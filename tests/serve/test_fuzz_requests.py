@@ -34,14 +34,34 @@ message = st.fixed_dictionaries({"role": st.one_of(st.sampled_from(["system", "u
                                                   junk)},
                                 optional={"content": st.one_of(text, junk, st.lists(st.fixed_dictionaries(
                                     {"type": st.sampled_from(["text", "image_url"]), "text": junk}), max_size=2)),
-                                          "name": junk, "tool_calls": junk})
+                                          "name": junk, "tool_calls": junk, "tool_call_id": junk})
+# structured output and tools: real shapes with junk inside (schemas, names, choices), and junk itself
+schema = st.one_of(junk, st.just({"type": "object"}), st.fixed_dictionaries(
+    {"type": st.sampled_from(["object", "string", "integer", "array", "strin"])},
+    optional={"properties": st.dictionaries(text, st.one_of(junk, st.just({"type": "integer"})), max_size=2),
+              "required": st.lists(text, max_size=2), "enum": st.lists(scalars, max_size=3), "pattern": text,
+              "minimum": scalars, "items": junk, "format": text}))
+response_format = st.one_of(junk, st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object",
+                                                                                  "json_schema", "x"])},
+                                                        optional={"json_schema": st.fixed_dictionaries(
+                                                            {"name": text}, optional={"schema": schema,
+                                                                                      "strict": junk})}))
+tool = st.one_of(junk, st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+    {"name": st.one_of(st.sampled_from(["f", "get_x"]), text)},
+    optional={"parameters": schema, "description": text})}))
+tool_choice = st.one_of(junk, st.sampled_from(["none", "auto", "required"]),
+                        st.fixed_dictionaries({"type": st.just("function"),
+                                               "function": st.fixed_dictionaries({"name": text})}))
 COMMON = {"model": st.one_of(st.just("tiny"), junk), "max_tokens": st.one_of(st.integers(0, 3), junk),
           "temperature": st.one_of(st.floats(0, 2.5), junk), "top_p": st.one_of(st.floats(0, 1.5), junk),
           "top_k": junk, "min_p": junk, "seed": st.one_of(st.integers(-1, 2 ** 64), junk),
           "stop": st.one_of(text, st.lists(text, max_size=3), junk), "stream": st.one_of(st.booleans(), junk),
           "n": st.one_of(st.integers(0, 4), junk), "stream_options": junk, "user": junk, "metadata": junk,
-          "ignore_eos": junk, "receipt": junk, "cache_salt": junk, "logit_bias": junk, "tools": junk,
-          "response_format": junk, "unknown_field": junk}
+          "ignore_eos": junk, "receipt": junk, "cache_salt": junk, "logit_bias": junk,
+          "tools": st.one_of(junk, st.lists(tool, max_size=2)), "tool_choice": tool_choice,
+          "parallel_tool_calls": junk, "response_format": response_format,
+          "grammar": st.one_of(junk, text, st.sampled_from(['root ::= "a"', "start: /[0-9]+/", "root ::="])),
+          "unknown_field": junk}
 completions = st.fixed_dictionaries({"prompt": st.one_of(text, ids, st.lists(ids, max_size=2),
                                                          st.lists(text, max_size=2), junk)},
                                     optional={**COMMON, "logprobs": st.one_of(st.integers(-1, 21), junk),

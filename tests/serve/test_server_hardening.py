@@ -291,13 +291,13 @@ HOSTILE = [  # (path, raw JSON body, status, needle in the message, param) -- is
     ("/v1/completions", b'{"prompt": [true, 5], "max_tokens": 2}', 400, "valid integer", "prompt.0"),
     ("/v1/completions", b'{"prompt": [["5"]], "max_tokens": 2}', 400, "valid integer", "prompt.0.0"),  # ["5"]: one text
     ("/v1/chat/completions", b'{"messages": [{"role": "foo", "content": "hi"}], "max_tokens": 2}', 400,
-     "'system', 'developer', 'user' or 'assistant'", "messages.0.role"),
+     "'system', 'developer', 'user', 'assistant' or 'tool'", "messages.0.role"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": '
      b'{"url": "http://x/y.png"}}]}], "max_tokens": 2}', 400, "'image_url' are not supported", "messages.0.content.0"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "function_call": "auto"}', 400,
      "function_call", "function_call"),
-    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "parallel_tool_calls": true}',
-     400, "parallel_tool_calls", "parallel_tool_calls"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "parallel_tool_calls": "yes"}',
+     400, "valid boolean", "parallel_tool_calls"),
     # issue 40: lone surrogates anywhere (the 404 for an unknown model could not render its name: a 500)
     ("/v1/completions", b'{"prompt": "a", "model": "x\\ud800"}', 400, "lone surrogate", "model"),
     ("/v1/completions", b'{"prompt": "a", "user": "\\ud800"}', 400, "lone surrogate", "user"),
