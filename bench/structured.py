@@ -85,7 +85,7 @@ def main() -> None:
     from exactspec.serve.protocol import ChatRequest
     from exactspec.serve import tools
     r = ChatRequest(messages=[{"role": "user", "content": "What is the weather in Oslo for 3 days?"}], tools=[TOOL],
-                    tool_choice="required")
+                    tool_choice="required", parallel_tool_calls=False)
     tp = tools.plan(r)
     msgs, offered = tools.messages(r, tp, chat.template_source(cfg) or "")
     tool_prompt, tool_grammar = chat.render(cfg, msgs, tools=offered), tools.constraint(m, r, tp)

@@ -11,7 +11,7 @@ from exactspec.cli import build_parser
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # flags of other programs that the pages quote in their commands (pip, cmake, llama.cpp's tools, lm_eval, ray)
-EXTERNAL_FLAGS = {"--no-deps", "--no-binary", "--build", "--target", "--model_args", "--tasks", "--address", "--head",
+EXTERNAL_FLAGS = {"--no-deps", "--no-compile", "--no-binary", "--build", "--target", "--model_args", "--tasks", "--address", "--head",
                   "--model", "--port", "--host", "--jinja", "--ctx-size", "--parallel", "--draft-max", "--draft-min",
                   "--spec-type", "--cache-reuse", "--n-gpu-layers", "--batch_size", "--output_path", "--limit",
                   "--seed", "--num_fewshot", "--threads", "--chat-template", "--system-tokens", "--clients",
