@@ -29,7 +29,9 @@ class ModelConfig:
     rms_norm_eps: float
     max_position_embeddings: int
     rope_theta: float
-    rope_scaling: dict | None  # llama3 parameters, or None for plain RoPE
+    # RoPE scaling: llama3's parameters (a HF folder), {"freq_factors": (D/2 floats)} (a GGUF file's
+    # rope_freqs tensor: the divisor of each frequency), or None for plain RoPE
+    rope_scaling: dict | None
     tie_word_embeddings: bool
     qkv_bias: bool  # Qwen2, or Llama with attention_bias
     o_bias: bool  # Llama attention_bias also biases o_proj
@@ -67,7 +69,11 @@ def check_numbers(cfg: ModelConfig, where: str, keys: dict[str, str] = HF_KEYS) 
     if not math.isfinite(cfg.rope_theta) or cfg.rope_theta <= 0:
         raise bad("rope_theta", cfg.rope_theta, "expected a finite number > 0")
     for k, v in (cfg.rope_scaling or {}).items():
-        if not math.isfinite(v) or v <= 0:
+        if k == "freq_factors":
+            if len(v) != cfg.head_dim // 2 or not all(math.isfinite(x) and x > 0 for x in v):
+                raise bad("rope_scaling", f"{len(v)} factors", f"expected {cfg.head_dim // 2} (head size / 2), each a "
+                          "finite number > 0")
+        elif not math.isfinite(v) or v <= 0:
             raise bad("rope_scaling", cfg.rope_scaling, f"{k} must be a finite number > 0")
     if cfg.n_kv_heads < 1 or cfg.n_heads % cfg.n_kv_heads:
         raise bad("n_kv_heads", cfg.n_kv_heads, f"the {cfg.n_heads} query heads ({keys.get('n_heads', 'n_heads')}) "

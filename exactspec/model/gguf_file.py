@@ -93,9 +93,10 @@ class GGUFFile:
     def _config(self) -> ModelConfig:
         a = self.arch
         g = lambda k: self._field(f"{a}.{k}")  # noqa: E731
-        if "rope_freqs.weight" in self.tensors or self._field(f"{a}.rope.scaling.type", "none") not in ("none", ""):
-            raise UnsupportedModelError(f"{self.path}: rope scaling (rope_freqs / {a}.rope.scaling.*) is not supported "
-                                        "for GGUF files yet")
+        if self._field(f"{a}.rope.scaling.type", "none") not in ("none", ""):  # linear, yarn: not yet
+            raise UnsupportedModelError(f"{self.path}: rope scaling {a}.rope.scaling.type="
+                                        f"{self._field(f'{a}.rope.scaling.type')!r} is not supported (Llama 3.x's "
+                                        "rope_freqs tensor is)")
         n_heads = self._count(f"{a}.attention.head_count")
         hidden = self._count(f"{a}.embedding_length")
         n_layers = self._count(f"{a}.block_count")
@@ -118,12 +119,22 @@ class GGUFFile:
             head_dim=self._count(f"{a}.attention.key_length", hidden // n_heads),
             rms_norm_eps=float(g("attention.layer_norm_rms_epsilon")),
             max_position_embeddings=self._count(f"{a}.context_length"),
-            rope_theta=float(self._field(f"{a}.rope.freq_base", 10000.0)), rope_scaling=None,
+            rope_theta=float(self._field(f"{a}.rope.freq_base", 10000.0)), rope_scaling=self._rope_freqs(),
             tie_word_embeddings="output.weight" not in self.tensors,
             qkv_bias="blk.0.attn_q.bias" in self.tensors, o_bias="blk.0.attn_output.bias" in self.tensors,
             mlp_bias="blk.0.ffn_up.bias" in self.tensors, qk_norm="blk.0.attn_q_norm.weight" in self.tensors,
             sliding_window=None, eos_token_ids=() if eos is None else (int(eos),),
             bos_token_id=self._field("tokenizer.ggml.bos_token_id", None)), str(self.path), keys)
+
+    def _rope_freqs(self) -> dict | None:
+        """Llama 3.x's frequency divisors, as llama.cpp's converter stores them (rope_freqs.weight, F32)."""
+        t = self.tensors.get("rope_freqs.weight")
+        if t is None:
+            return None
+        if t.tensor_type.name != "F32" or len(t.shape) != 1:
+            raise CheckpointError(f"{self.path}: tensor 'rope_freqs.weight' is {t.tensor_type.name} of shape "
+                                  f"{tuple(int(x) for x in t.shape)}; expected a float32 vector (head size / 2)")
+        return {"freq_factors": tuple(float(x) for x in np.asarray(t.data, np.float32).reshape(-1))}
 
     def tokenizer(self) -> Tokenizer | None:
         """The file's tokenizer, or None when its metadata has none (prompts are then token ids)."""

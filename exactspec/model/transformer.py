@@ -61,21 +61,30 @@ class Rows:
 
 
 def inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """RoPE inverse frequencies (D/2,) float32, as transformers computes them (incl. llama3)."""
+    """RoPE inverse frequencies (D/2,) float32: theta^(-2i/D), divided by each frequency's factor where
+    the RoPE is scaled. Llama 3.x's factors are the ones llama.cpp's converter writes into a GGUF file's
+    rope_freqs tensor (`llama3_factors`), so a HF folder and its GGUF give the same bits (transformers
+    scales the frequencies by the same formula in another order: ~1 ulp apart in the blended band)."""
     d = cfg.head_dim
     f = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     s = cfg.rope_scaling
     if s is None:
         return f
-    low_wl = s["original_max_position_embeddings"] / s["low_freq_factor"]
-    high_wl = s["original_max_position_embeddings"] / s["high_freq_factor"]
+    factors = torch.tensor(s["freq_factors"], dtype=torch.float32) if "freq_factors" in s else llama3_factors(f, s)
+    return f / factors
+
+
+def llama3_factors(f: torch.Tensor, s: dict) -> torch.Tensor:
+    """Llama 3.x's divisor of each frequency f (float32 arithmetic): 1 for short wavelengths, `factor`
+    for long ones, and between them 1 / ((1 - smooth) / factor + smooth), smooth rising linearly in
+    original_max_position_embeddings / wavelength from low_freq_factor to high_freq_factor."""
+    ctx, low, high, factor = (s["original_max_position_embeddings"], s["low_freq_factor"], s["high_freq_factor"],
+                              s["factor"])
     wl = 2 * math.pi / f
-    scaled = torch.where(wl > low_wl, f / s["factor"], f)
-    smooth = (s["original_max_position_embeddings"] / wl - s["low_freq_factor"]) / (
-        s["high_freq_factor"] - s["low_freq_factor"])
-    smoothed = (1 - smooth) * scaled / s["factor"] + smooth * scaled
-    medium = ~(wl < high_wl) * ~(wl > low_wl)
-    return torch.where(medium, smoothed, scaled)
+    smooth = (ctx / wl - low) / (high - low)
+    blended = 1 / ((1 - smooth) / factor + smooth)
+    return torch.where(wl < ctx / high, torch.ones_like(f), torch.where(wl > ctx / low, torch.full_like(f, factor),
+                                                                         blended))
 
 
 class Transformer:

@@ -2,6 +2,7 @@
 exactspec.load and computes what the same weights compute from a HF folder / transformers."""
 from __future__ import annotations
 
+import math
 import zlib
 
 import gguf
@@ -11,6 +12,7 @@ import torch
 
 import exactspec
 from exactspec.errors import CheckpointError, UnsupportedModelError, WeightError
+from exactspec.model.gguf_file import GGUFFile
 from exactspec.tools.testing import K_QUANT_BLOCKS, random_model
 
 
@@ -36,9 +38,30 @@ def add_tokenizer(w: gguf.GGUFWriter, folder) -> None:
     w.add_chat_template(json.loads((folder / "tokenizer_config.json").read_text())["chat_template"])
 
 
+def converter_rope_freqs(c) -> torch.Tensor:
+    """Llama 3.x's rope_freqs tensor as llama.cpp's convert_hf_to_gguf.py computes it (its loop over the
+    frequencies in float32 torch arithmetic, restated here): the divisor of each RoPE frequency."""
+    s, dim = c.rope_parameters, c.hidden_size // c.num_attention_heads
+    freqs = 1.0 / (s["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    ctx, low, high, factor = s["original_max_position_embeddings"], s["low_freq_factor"], s["high_freq_factor"], \
+        s["factor"]
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < ctx / high:
+            out.append(1)
+        elif wavelen > ctx / low:
+            out.append(factor)
+        else:
+            smooth = (ctx / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32)
+
+
 def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", skip=(), tokenizer_folder=None,
                embed_type=None, types=None):
-    """types: {GGUF tensor name without its "blk.N." prefix: type} overriding qtype (mixed files)."""
+    """types: {GGUF tensor name without its "blk.N." prefix: type} overriding qtype (mixed files). A Llama 3.x
+    model (rope_type llama3) gets llama.cpp's rope_freqs tensor, as its converter writes it."""
     c = model.config
     sd = {k: v.float() for k, v in model.state_dict().items()}
     w = gguf.GGUFWriter(str(path), arch)
@@ -72,6 +95,8 @@ def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", s
         else:
             w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
 
+    if (c.rope_parameters or {}).get("rope_type") == "llama3":
+        put("rope_freqs.weight", converter_rope_freqs(c))
     put("token_embd.weight", sd["model.embed_tokens.weight"], embed_type or qtype)
     put("output_norm.weight", sd["model.norm.weight"])
     if not c.tie_word_embeddings:
@@ -103,13 +128,18 @@ def _ids(n=40):
     return torch.randint(2, 320, (n,), generator=torch.Generator().manual_seed(7)).tolist()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "llama3"])
 def test_float32_gguf_equals_the_hf_folder_bitwise(ckpt, arch, tmp_path):
-    """The same float32 weights from a GGUF file (llama: q/k rows permuted as llama.cpp stores them)
-    and from the HF folder: bitwise the same logits, close to transformers."""
+    """The same float32 weights from a GGUF file (llama: q/k rows permuted as llama.cpp stores them; Llama
+    3.x: its RoPE scaling as the rope_freqs tensor) and from the HF folder: bitwise the same logits, close
+    to transformers."""
     folder = ckpt(arch)
     hf = random_model(arch)  # the same seed and init as the folder
-    path = write_gguf(hf, tmp_path / "m.gguf", arch=arch)
+    path = write_gguf(hf, tmp_path / "m.gguf", arch="llama" if arch == "llama3" else arch)
+    if arch == "llama3":  # the file really carries the scaling, and it really scales
+        f = GGUFFile(path).cfg.rope_scaling["freq_factors"]
+        assert len(set(f)) == 3 and max(f) == 8.0  # 1, a blended factor, 8
+        assert not torch.equal(exactspec.load(path).logits(_ids()), exactspec.load(ckpt("llama")).logits(_ids()))
     a, b = exactspec.load(path), exactspec.load(folder)
     assert a.cfg.tie_word_embeddings == b.cfg.tie_word_embeddings and a.cfg.qkv_bias == b.cfg.qkv_bias
     ids = _ids()
