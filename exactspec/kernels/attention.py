@@ -238,7 +238,7 @@ def attention_tasks(slot, pos, Hq, Hkv, threads):
     return tasks
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True)
 def attend_task(task, q, kt, v, table, slot, pos, scale, window, out):
     # A task of attention_tasks: rows r0 .. r0+nr-1 (one slot) x query heads h0 .. h0+nh-1 (one KV head g).
     r0, nr, h0, nh = task[0], task[1], task[2], task[3]
