@@ -53,11 +53,13 @@ class TwoBuilds:
 
     The serial copy gets its own name: numba's disk cache keys entries by function name, line and
     signature, not by the `parallel` flag, so a same-named serial build would load the cached
-    parallel machine code (or the reverse)."""
+    parallel machine code (or the reverse). `calls`: parallel kernels the source calls by name (other
+    TwoBuilds), whose serial builds the serial copy calls instead."""
 
-    def __init__(self, parallel_kernel):
+    def __init__(self, parallel_kernel, calls: dict[str, "TwoBuilds"] | None = None):
         f = parallel_kernel.py_func
-        g = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial", f.__defaults__, f.__closure__)
+        names = dict(f.__globals__, **{k: v.serial for k, v in calls.items()}) if calls else f.__globals__
+        g = types.FunctionType(f.__code__, names, f.__name__ + "_serial", f.__defaults__, f.__closure__)
         g.__qualname__ = f.__qualname__ + "_serial"
         self.parallel, self.serial = parallel_kernel, njit(cache=True, nogil=True)(g)
 

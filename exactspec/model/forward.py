@@ -146,6 +146,21 @@ def _linear_at(xa, w, i, bias, y, b, mode):
 
 
 @njit(parallel=True, cache=True, nogil=True)
+def _linear_layer(xa, w, i, bias, y, mode):
+    # Every output block of layer i's weight of kind w (SWIGLU: gate/up pairs), split over the threads.
+    # A parallel kernel of its own, compiled once per weight type for every kind and model (as a
+    # parallel loop in _forward, each of its five was lowered again: a third of its compile time).
+    n = _blocks_at(w, i)
+    if mode == SWIGLU:
+        n = n // 2
+    for b in prange(n):
+        _linear_at(xa, w, i, bias, y, b, mode)
+
+
+_LINEAR_LAYER = TwoBuilds(_linear_layer)
+
+
+@njit(parallel=True, cache=True, nogil=True)
 def _forward(rows, top, layers, dims, cache, logits, hidden):
     # rows: tokens, slot, pos (R,) int64, out_rows (n,) int64 and x_in (R, H) float32 or (0, H): the
     # rows to start from instead of the tokens' embeddings (a drafting head's inputs) -> logits (n, V)
@@ -182,26 +197,16 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
     for i in range(L):  # acts: each linear's input as its tile takes it (int8 rows for integer-dot layouts)
         rmsnorm_into(x, attn_norm[i], eps, h)
         ha = acts(h, wqkv[0], ab)  # (wv, when apart, is quantized as wqkv is: the same rows serve)
-        yqk = qkv[:, :nqk]
-        for b in prange(_blocks_at(wqkv, i)):
-            _linear_at(ha, wqkv, i, bqkv[i], yqk, b, STORE)
+        _linear_layer(ha, wqkv, i, bqkv[i], qkv[:, :nqk], STORE)
         if wv[2].shape[0] > 0:
-            yv = qkv[:, nqk:]
-            for b in prange(_blocks_at(wv, i)):
-                _linear_at(ha, wv, i, bv[i], yv, b, STORE)
+            _linear_layer(ha, wv, i, bv[i], qkv[:, nqk:], STORE)
         qkv_rope_cache_into(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos, sin, table, slot, pos, kc[i], vc[i], q)
         for t in prange(tasks.shape[0]):
             attend_task(tasks[t], q, kc[i], vc[i], table, slot, pos, scale, window, a3)
-        aa = acts(a, wo[0], ab)
-        for b in prange(_blocks_at(wo, i)):
-            _linear_at(aa, wo, i, bo[i], x, b, ADD)
+        _linear_layer(acts(a, wo[0], ab), wo, i, bo[i], x, ADD)
         rmsnorm_into(x, mlp_norm[i], eps, h)
-        ha = acts(h, wgu[0], ab)
-        for c in prange(_blocks_at(wgu, i) // 2):
-            _linear_at(ha, wgu, i, bgu[i], act, c, SWIGLU)
-        acta = acts(act, wdown[0], ab)
-        for b in prange(_blocks_at(wdown, i)):
-            _linear_at(acta, wdown, i, bdown[i], x, b, ADD)
+        _linear_layer(acts(h, wgu[0], ab), wgu, i, bgu[i], act, SWIGLU)
+        _linear_layer(acts(act, wdown[0], ab), wdown, i, bdown[i], x, ADD)
     n = out_rows.shape[0]
     hf = np.empty((n, H), np.float32)
     xs = np.empty((n, H), np.float32)
@@ -216,7 +221,7 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
     return logits
 
 
-_FORWARD = TwoBuilds(_forward)
+_FORWARD = TwoBuilds(_forward, calls={"_linear_layer": _LINEAR_LAYER})
 SERIAL_FORWARD = 1 << 19  # multiply-adds per forward below which one thread runs it all (~50 us)
 
 
