@@ -259,9 +259,9 @@ class Model:
         if not given:
             return [None] * n
         (kind, v), = given.items()
-        # a list with one per prompt: of schemas (never a list themselves), of strings, of choice lists
-        each = isinstance(v, (list, tuple)) and (kind == "json_schema" or kind in ("grammar", "regex") or
-                                                 any(x is None or isinstance(x, (list, tuple)) for x in v))
+        # a list with one per prompt: of schemas or strings (never lists themselves), or of choice lists
+        each = isinstance(v, (list, tuple)) and (kind != "choice" or any(x is None or isinstance(x, (list, tuple))
+                                                                         for x in v))
         vs = list(v) if each else [v] * n
         if len(vs) != n:
             raise InvalidRequest(f"{kind}: {len(vs)} constraints for {n} prompts", kind)

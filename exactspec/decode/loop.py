@@ -231,17 +231,17 @@ class Batch:
                 out.append((s, []))
                 continue
             i, r = r, r + 1
+            allowed = None
             try:
-                allowed = [s.matcher.mask()] if s.matcher is not None else None
-                row = masked(logits[i], allowed[0]) if allowed else logits[i]
-                t = pick(row, s.req.params, len(s.tokens), s.tokens)
-                if allowed and t not in s.matcher.g.vocab.eos:
-                    s.matcher.advance([t])
+                if s.matcher is not None:
+                    new, _, allowed = self._pick_constrained(s, logits[i: i + 1], [])
+                else:
+                    new = [pick(logits[i], s.req.params, len(s.tokens), s.tokens)]
             except Exception as e:  # nothing of s was changed: fail s alone
                 self._fail(s, e)
                 out.append((s, []))
                 continue
-            out.append((s, self._commit(s, [t], logits[i: i + 1], allowed)))
+            out.append((s, self._commit(s, new, logits[i: i + 1], allowed)))
         sibs: dict[int, list[tuple[int, int, int, int]]] = {}  # old index -> (logits row, forward row, helper, token)
         chains = sum(len(d) + 1 for d in drafts)
         rs, hs = r + chains, h + chains  # the siblings' rows come after the chains'
@@ -253,36 +253,25 @@ class Batch:
             rows = logits[r: r + len(d) + 1]
             r += len(d) + 1
             h += len(d) + 1
-            if s.matcher is not None:
-                try:
-                    choice, a, allowed = self._pick_constrained(s, rows, d)
-                except Exception as e:
-                    self._fail(s, e)
-                    out.append((s, []))
-                    continue
-                s.stats.count_step(len(d), a)
-                if s.policy.predicted:
-                    s.stats.prediction_accepted += a
-                    s.stats.prediction_rejected += len(d) - a
-                s.policy.learn(s.guessed, min(a, s.guessed), self._per_draft, lambda s=s: self._costs(s))
-                if hidden is not None:
-                    self.drafter.observe(s.slot, n - 1, hidden[h - len(d) - 1: h - len(d) + a])
-                out.append((s, self._commit(s, choice, rows, allowed)))
-                continue
+            won, allowed = [], None
             try:
-                choice = pick_rows(rows, s.req.params, range(n, n + len(d) + 1), s.tokens, d)
-                won = [x for x in sibs.get(i, ()) if x[3] == choice[0]]
-                if won:  # a sibling was the target's token: its row picks the next one
-                    nxt = pick(logits[won[0][0] + 1], s.req.params, n + 1, s.tokens + [choice[0]])
+                if s.matcher is not None:  # row by row under the grammar (no siblings: see _propose)
+                    new, a, allowed = self._pick_constrained(s, rows, d)
+                else:
+                    choice = pick_rows(rows, s.req.params, range(n, n + len(d) + 1), s.tokens, d)
+                    won = [x for x in sibs.get(i, ()) if x[3] == choice[0]]
+                    a = 0
+                    while a < len(d) and d[a] == choice[a]:
+                        a += 1
+                    new = d[:a] + [choice[a]]
+                    if won:  # a sibling was the target's token: its row picks the next one
+                        new = [choice[0], pick(logits[won[0][0] + 1], s.req.params, n + 1, s.tokens + [choice[0]])]
             except Exception as e:
                 self._fail(s, e)
                 out.append((s, []))
                 continue
-            a = 0
-            while a < len(d) and d[a] == choice[a]:
-                a += 1
             for x in sibs.get(i, ()):
-                s.policy.sibling_rate.add(1, int(x[3] == choice[0]))
+                s.policy.sibling_rate.add(1, int(x[3] == new[0]))
                 s.stats.siblings += 1
             if won:  # the sibling's keys (position n) become the sequence's: its block is swapped in
                 _, fr, slot, _ = won[0]
@@ -290,17 +279,16 @@ class Batch:
                 self.cache.swap(s.slot, slot, n // BLOCK)
                 if hidden is not None:
                     self.drafter.observe(s.slot, n - 1, hidden[fr: fr + 2])
+                rows = torch.stack([rows[0], logits[won[0][0] + 1]])
             elif hidden is not None:  # positions n-1 .. n-1+a: their prefixes are committed
                 self.drafter.observe(s.slot, n - 1, hidden[h - len(d) - 1: h - len(d) + a])
             s.stats.count_step(len(d), a)
             if s.policy.predicted:
                 s.stats.prediction_accepted += a
                 s.stats.prediction_rejected += len(d) - a
-            s.policy.learn(len(d), a, self._per_draft, lambda s=s: self._costs(s))
-            if won:
-                out.append((s, self._commit(s, [choice[0], nxt], torch.stack([rows[0], logits[won[0][0] + 1]]))))
-            else:
-                out.append((s, self._commit(s, d[:a] + [choice[a]], rows)))
+            # the drafter's guesses only (forced text is certain: it would teach the policy nothing)
+            s.policy.learn(s.guessed, min(a, s.guessed), self._per_draft, lambda s=s: self._costs(s))
+            out.append((s, self._commit(s, new, rows, allowed)))
         return out
 
     @staticmethod
@@ -310,7 +298,8 @@ class Batch:
         follow it: plain decoding stops there too). Returns the tokens to commit, how many are drafts, and
         each one's mask; the matcher is left after them."""
         n, out, allowed = len(s.tokens), [], []
-        for j in range(len(d) + 1):
+        while True:
+            j = len(out)
             allowed.append(s.matcher.mask())
             t = pick(masked(rows[j], allowed[-1]), s.req.params, n + j, s.tokens + d[:j])
             out.append(t)
@@ -320,7 +309,6 @@ class Batch:
                 return out, j, allowed
             if s.matcher.done:
                 return out, j + 1, allowed
-        raise AssertionError("unreachable")
 
     def _per_draft(self) -> float:
         """The drafter's cost per draft token, in one-row forwards (0 without one)."""
