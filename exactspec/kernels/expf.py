@@ -91,6 +91,26 @@ def exp32(x):
     return y
 
 
+GELU_C = _F(0.044715)
+GELU_K2 = _F(2.0 * math.sqrt(2.0 / math.pi))  # 2 sqrt(2/pi): 0.5 (1 + tanh(y)) = 1 / (1 + exp(-2y))
+
+
+@njit(inline="always")
+def gelu32(g):
+    """GELU, tanh form (transformers' gelu_pytorch_tanh, llama.cpp's GELU), as g * sigmoid(2y),
+    y = sqrt(2/pi) (g + 0.044715 g^3): g / (1 + exp32(-(K2 (g + C (g g g))))), plain mul/add and exp32,
+    so the bits are fixed by g alone. |g| large: g or -0.0; NaN: NaN."""
+    a = GELU_K2 * (g + GELU_C * (g * g * g))
+    return g / (_F(1.0) + exp32(-a))
+
+
+def gelu32_ref(g: torch.Tensor) -> torch.Tensor:
+    """The torch twin of `gelu32`, bitwise."""
+    g = g.float()
+    a = torch.full_like(g, float(GELU_K2)) * (g + torch.full_like(g, float(GELU_C)) * (g * g * g))
+    return g / (torch.ones_like(g) + exp32_ref(-a))
+
+
 def _pow2_ref(e: torch.Tensor) -> torch.Tensor:
     return ((e + 127) << 23).view(torch.float32)
 

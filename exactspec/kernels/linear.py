@@ -9,7 +9,7 @@ from numba import njit, prange
 from numba.extending import overload
 
 from . import tile
-from .expf import exp32, fma_ref
+from .expf import exp32, fma_ref, gelu32
 from .actquant import _is_int_dot, act_buffers, acts, nrows
 from .cpu import MR_INT, MR_MAX
 from .layout import NL
@@ -19,8 +19,8 @@ from .threads import SERIAL_WORK, TwoBuilds
 
 # linear_block's epilogues: y = x @ w.T + bias; y += that (a residual); or, on interleaved gate/up
 # blocks (gate block c at 2c, up block c at 2c + 1, bias (2I,) gate then up), y = silu(gate) * up
-# with silu_mul's expression.
-STORE, ADD, SWIGLU = 0, 1, 2
+# with silu_mul's expression (SWIGLU), or gelu(gate) * up with gelu_mul's (GEGLU: Gemma).
+STORE, ADD, SWIGLU, GEGLU = 0, 1, 2, 3
 
 
 @njit(inline="always")
@@ -57,7 +57,7 @@ def linear_block(x, w, bias, y, b, mode):
     m0 = 0
     for i in range(ntiles):
         mr = _tile_height(M, m0, i, ntiles)
-        if mode == SWIGLU:
+        if mode >= SWIGLU:
             tile.run_tile(mr, x, m0, w, 2 * b, t)
             tile.run_tile(mr, x, m0, w, 2 * b + 1, u)
         else:
@@ -67,11 +67,14 @@ def linear_block(x, w, bias, y, b, mode):
                 v = t[m, j]
                 if bias.shape[0] > 0:
                     v = v + bias[n0 + j]
-                if mode == SWIGLU:
+                if mode >= SWIGLU:
                     uv = u[m, j]
                     if bias.shape[0] > 0:
                         uv = uv + bias[y.shape[1] + n0 + j]
-                    y[m0 + m, n0 + j] = v / (np.float32(1.0) + exp32(-v)) * uv
+                    if mode == SWIGLU:
+                        y[m0 + m, n0 + j] = v / (np.float32(1.0) + exp32(-v)) * uv
+                    else:
+                        y[m0 + m, n0 + j] = gelu32(v) * uv
                 elif mode == ADD:
                     y[m0 + m, n0 + j] = y[m0 + m, n0 + j] + v
                 else:

@@ -10,7 +10,7 @@ import torch
 from numba import njit, prange
 
 from .attention import as_numpy, kv_store
-from .expf import exp32
+from .expf import exp32, gelu32, gelu32_ref
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,6 +92,29 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 def silu_mul_ref(gu: torch.Tensor) -> torch.Tensor:
     g, u = gu.chunk(2, dim=-1)
     return torch.nn.functional.silu(g) * u
+
+
+@njit(cache=True, nogil=True)
+def _gelu_mul(gu, y):
+    M, I2 = gu.shape
+    half = I2 // 2
+    for m in range(M):
+        for i in range(half):
+            y[m, i] = gelu32(gu[m, i]) * gu[m, half + i]
+    return y
+
+
+def gelu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """GeGLU (Gemma): gate_up (M, 2I) -> gelu_tanh(gate) * up (M, I), gelu by `expf.gelu32`."""
+    y = np.empty((gu.shape[0], gu.shape[1] // 2), np.float32)
+    if gu.shape[0]:
+        _gelu_mul(gu.contiguous().numpy(), y)
+    return torch.from_numpy(y)
+
+
+def gelu_mul_ref(gu: torch.Tensor) -> torch.Tensor:
+    g, u = gu.chunk(2, dim=-1)
+    return gelu32_ref(g) * u
 
 
 # ---------------------------------------------------------------------------------------------

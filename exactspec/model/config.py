@@ -13,12 +13,15 @@ SUPPORTED = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3",
 }
+# Gemma 3's text model under its model_type (a Gemma3ForConditionalGeneration folder is not this)
+MODEL_TYPES = {"gemma3_text": "gemma3"}
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str  # "llama" | "mistral" | "qwen2" | "qwen3"
+    arch: str  # "llama" | "mistral" | "qwen2" | "qwen3" | "gemma3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -30,7 +33,8 @@ class ModelConfig:
     max_position_embeddings: int
     rope_theta: float
     # RoPE scaling: llama3's parameters (a HF folder), {"freq_factors": (D/2 floats)} (a GGUF file's
-    # rope_freqs tensor: the divisor of each frequency), or None for plain RoPE
+    # rope_freqs tensor: the divisor of each frequency), {"linear": factor} (every frequency / factor:
+    # Gemma 3's global layers), or None for plain RoPE
     rope_scaling: dict | None
     tie_word_embeddings: bool
     qkv_bias: bool  # Qwen2, or Llama with attention_bias
@@ -40,6 +44,23 @@ class ModelConfig:
     sliding_window: int | None  # Mistral
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    # Gemma 3's differences (the defaults are every other architecture's)
+    act: str = "silu"  # the gated MLP's activation: "silu" or "gelu_tanh"
+    norm_offset: float = 0.0  # added to every RMSNorm weight at load (Gemma's HF weights store w - 1)
+    embed_scale: float = 0.0  # token embeddings multiplied by it (float32), 0: not scaled
+    post_norms: bool = False  # RMSNorm on the attention's and the MLP's outputs before each residual add
+    query_scale: float | None = None  # attention score scale; None: 1 / sqrt(head_dim)
+    layer_windows: tuple[int, ...] | None = None  # each layer's sliding window (0: global); None: sliding_window
+    rope_local_theta: float | None = None  # the RoPE base of windowed layers (their own, unscaled); None: rope_theta
+
+    def windows(self) -> tuple[int, ...]:
+        """Each layer's sliding window (0: the whole prefix)."""
+        return self.layer_windows or (self.sliding_window or 0,) * self.n_layers
+
+    def rope_tables(self) -> tuple[int, ...]:
+        """Each layer's RoPE table: 0 (rope_theta, scaled), or 1 (rope_local_theta, windowed layers)."""
+        local = self.rope_local_theta is not None
+        return tuple(int(local and w > 0) for w in self.windows())
 
 
 @dataclass(frozen=True)
@@ -78,6 +99,12 @@ def check_numbers(cfg: ModelConfig, where: str, keys: dict[str, str] = HF_KEYS) 
     if cfg.n_kv_heads < 1 or cfg.n_heads % cfg.n_kv_heads:
         raise bad("n_kv_heads", cfg.n_kv_heads, f"the {cfg.n_heads} query heads ({keys.get('n_heads', 'n_heads')}) "
                   "must be a whole multiple of it")
+    if cfg.rope_local_theta is not None and (not math.isfinite(cfg.rope_local_theta) or cfg.rope_local_theta <= 0):
+        raise bad("rope_local_theta", cfg.rope_local_theta, "expected a finite number > 0")
+    if cfg.layer_windows is not None and (len(cfg.layer_windows) != cfg.n_layers or min(cfg.layer_windows) < 0):
+        raise bad("layer_windows", cfg.layer_windows, f"expected {cfg.n_layers} windows (one per layer), each >= 0")
+    if cfg.query_scale is not None and not (math.isfinite(cfg.query_scale) and cfg.query_scale > 0):
+        raise bad("query_scale", cfg.query_scale, "expected a finite number > 0")
     if cfg.head_dim < 2 or cfg.head_dim % 2:
         raise bad("head_dim", cfg.head_dim, "expected an even head size >= 2 (RoPE rotates halves)")
     return cfg
@@ -120,13 +147,16 @@ def load_config(folder: Path) -> ModelConfig:
     arch = next((SUPPORTED[a] for a in archs if isinstance(a, str) and a in SUPPORTED), None)
     if arch is None and c.get("model_type") in SUPPORTED.values():
         arch = c["model_type"]
+    arch = arch or MODEL_TYPES.get(c.get("model_type"))
     if arch is None:
         raise UnsupportedModelError(
             f"{path}: architecture {archs or c.get('model_type')!r} is not supported "
             f"(supported: {', '.join(SUPPORTED)})")
-    act = c.get("hidden_act", "silu")
-    if act != "silu":
-        raise UnsupportedModelError(f"{path}: hidden_act={act!r} is not supported (only 'silu')")
+    act_key = "hidden_activation" if arch == "gemma3" else "hidden_act"
+    act = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}.get(c.get(act_key) or c.get("hidden_act") or "silu")
+    if act is None or (act == "gelu_tanh") != (arch == "gemma3"):
+        raise UnsupportedModelError(f"{path}: {act_key}={c.get(act_key)!r} is not supported "
+                                    f"({'gelu_pytorch_tanh' if arch == 'gemma3' else 'silu'})")
 
     def num(key: str, kind: type = int, default=_MISSING, src: dict = c):
         return get_field(src, path, key, kind, default)
@@ -136,6 +166,9 @@ def load_config(folder: Path) -> ModelConfig:
     for key, v in (("rope_parameters", rope), ("rope_scaling", legacy)):
         if not isinstance(v, dict):
             raise CheckpointError(f"{path}: field {key!r} must be an object, got {v!r}")
+    gemma = _gemma3(c, path, num) if arch == "gemma3" else {}
+    if gemma:
+        rope, legacy = gemma.pop("rope"), {}
     rope_theta = num("rope_theta", float, num("rope_theta", float, 10000.0), src=rope)
     rope_type = rope.get("rope_type") or legacy.get("rope_type") or legacy.get("type") or "default"
     scaling = None
@@ -146,6 +179,8 @@ def load_config(folder: Path) -> ModelConfig:
                        ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
         except CheckpointError as e:
             raise CheckpointError(f"llama3 rope scaling: {e}") from None
+    elif rope_type == "linear" and arch == "gemma3":  # Gemma 3 4B and up: its global layers' frequencies / factor
+        scaling = {"linear": num("factor", float, src=rope)}
     elif rope_type != "default":
         raise UnsupportedModelError(f"{path}: rope type {rope_type!r} is not supported (default, llama3)")
     if arch in ("qwen2", "qwen3") and c.get("use_sliding_window"):
@@ -171,12 +206,49 @@ def load_config(folder: Path) -> ModelConfig:
         max_position_embeddings=num("max_position_embeddings", int, 2048),
         rope_theta=rope_theta,
         rope_scaling=scaling,
-        tie_word_embeddings=num("tie_word_embeddings", bool, False),
+        tie_word_embeddings=num("tie_word_embeddings", bool, arch == "gemma3"),
         qkv_bias=arch == "qwen2" or attention_bias,
         o_bias=arch != "qwen2" and attention_bias,
         mlp_bias=num("mlp_bias", bool, False),
-        qk_norm=arch == "qwen3",
+        qk_norm=arch in ("qwen3", "gemma3"),
         sliding_window=window or None,
         eos_token_ids=token_ids(c.get("eos_token_id"), f"{path}: field 'eos_token_id'"),
         bos_token_id=bos,
+        **gemma,
     ), str(path))
+
+
+def _gemma3(c: dict, path: Path, num) -> dict:
+    """Gemma 3's fields of a Gemma3ForCausalLM config (transformers 4.5x and 5 layouts), and "rope": the
+    global layers' RoPE parameters."""
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if c.get(key) is not None:
+            raise UnsupportedModelError(f"{path}: {key}={c[key]!r} is not supported (Gemma 3 has none)")
+    n = num("num_hidden_layers")
+    types = c.get("layer_types")
+    if types is None:  # older configs: every sliding_window_pattern-th layer is global
+        pattern = num("sliding_window_pattern", int, 6)
+        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
+    if not isinstance(types, list) or len(types) != n or not set(types) <= {"full_attention", "sliding_attention"}:
+        raise CheckpointError(f"{path}: field 'layer_types' must list 'full_attention' or 'sliding_attention' for "
+                              f"each of the {n} layers, got {types!r}")
+    window = num("sliding_window", int, None) if "sliding_attention" in types else 0
+    if window is None or window < 1:
+        raise CheckpointError(f"{path}: field 'sliding_window' is {window!r}; layers of type 'sliding_attention' "
+                              "need a window >= 1")
+    params = c.get("rope_parameters") or {}
+    if "full_attention" in params:  # transformers 5: one entry per layer type
+        glob, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+        if not isinstance(glob, dict) or not isinstance(local, dict):
+            raise CheckpointError(f"{path}: field 'rope_parameters' must hold an object per layer type")
+        local_theta = num("rope_theta", float, 10000.0, src=local)
+        if (local.get("rope_type") or "default") != "default":
+            raise UnsupportedModelError(f"{path}: sliding layers' rope type {local.get('rope_type')!r} is not "
+                                        "supported (default)")
+    else:  # transformers 4: rope_theta, rope_local_base_freq, rope_scaling for the global layers
+        glob = {**(c.get("rope_scaling") or {}), "rope_theta": num("rope_theta", float, 1000000.0)}
+        local_theta = num("rope_local_base_freq", float, 10000.0)
+    return {"act": "gelu_tanh", "norm_offset": 1.0, "embed_scale": float(math.sqrt(num("hidden_size"))),
+            "post_norms": True, "query_scale": num("query_pre_attn_scalar", float, 256.0) ** -0.5,
+            "layer_windows": tuple(window if t == "sliding_attention" else 0 for t in types),
+            "rope_local_theta": local_theta, "rope": glob}

@@ -9,6 +9,8 @@ is computed:
 * gate/up blocks are interleaved (gate block c, then up block c) so one task has both halves of
   intermediate columns c*NL .. c*NL+NL-1 and stores silu(g) * u with `silu_mul`'s expression
   (`kernels.linear.linear_block`, mode SWIGLU).
+Gemma 3 (cfg.post_norms) stores o-proj and down-proj apart instead, RMS-norms them, then adds them
+to the residual (as `x + rmsnorm(linear(a))`); its windowed layers read their own RoPE table.
 Threads (prange) split output blocks of each linear and (row, head) pairs of attention, never one
 reduction, so the result does not depend on the thread count; the serial build (small calls)
 compiles the same source.
@@ -151,7 +153,7 @@ def _linear_layer(xa, w, i, bias, y, mode):
     # A parallel kernel of its own, compiled once per weight type for every kind and model (as a
     # parallel loop in _forward, each of its five was lowered again: a third of its compile time).
     n = _blocks_at(w, i)
-    if mode == SWIGLU:
+    if mode >= SWIGLU:
         n = n // 2
     for b in prange(n):
         _linear_at(xa, w, i, bias, y, b, mode)
@@ -170,12 +172,14 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
     # kind as (a, alt, sel), see Stack); dims: heads, kv heads, head dim, I (the intermediate size: the
     # packed weights' shapes do not show it, a Q8_0 weight's second axis counts groups of 32), the
     # outputs of wqkv (all of q, k, v unless v is apart: wv), eps, scale, window, threads (the pool's size:
-    # how attention's tasks are cut, speed only); cache: rope tables,
-    # the block table (S, NB) and the paged K/V cache.
+    # how attention's tasks are cut, speed only), the gated MLP's mode (SWIGLU or GEGLU), the embedding's
+    # scale (0: none), each layer's window (L,) (0: none) and RoPE table (L,); cache: the RoPE tables
+    # (T, C, D) each, the block table (S, NB) and the paged K/V cache.
     tokens, slot, pos, out_rows, x_in = rows
     embed, norm, head = top
-    attn_norm, wqkv, bqkv, wv, bv, q_norm, k_norm, wo, bo, mlp_norm, wgu, bgu, wdown, bdown = layers
-    Hq, Hkv, D, I, nqk, eps, scale, window, threads = dims
+    (attn_norm, wqkv, bqkv, wv, bv, q_norm, k_norm, wo, bo, mlp_norm, wgu, bgu, wdown, bdown, post_attn,
+     post_mlp) = layers
+    Hq, Hkv, D, I, nqk, eps, scale, threads, gated, embed_scale, windows, rope_of = dims
     cos, sin, table, kc, vc = cache
     R = tokens.shape[0]
     H = norm.shape[0]
@@ -184,6 +188,12 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
         x[:] = x_in
     else:
         _embed(embed, tokens, x)
+        if embed_scale != 0:
+            for r in range(R):
+                for c in range(H):
+                    x[r, c] = x[r, c] * embed_scale
+    post = post_attn.shape[1] > 0
+    o = np.empty((R, H) if post else (0, H), np.float32)  # Gemma: o-proj / down-proj apart, then normed
     L = attn_norm.shape[0]
     nqkv = (Hq + 2 * Hkv) * D
     h = np.empty((R, H), np.float32)
@@ -200,13 +210,24 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
         _linear_layer(ha, wqkv, i, bqkv[i], qkv[:, :nqk], STORE)
         if wv[2].shape[0] > 0:
             _linear_layer(ha, wv, i, bv[i], qkv[:, nqk:], STORE)
-        qkv_rope_cache_into(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos, sin, table, slot, pos, kc[i], vc[i], q)
+        t_i = rope_of[i]
+        qkv_rope_cache_into(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos[t_i], sin[t_i], table, slot, pos, kc[i],
+                            vc[i], q)
+        window = windows[i]
         for t in prange(tasks.shape[0]):
             attend_task(tasks[t], q, kc[i], vc[i], table, slot, pos, scale, window, a3)
-        _linear_layer(acts(a, wo[0], ab), wo, i, bo[i], x, ADD)
+        if post:
+            _linear_layer(acts(a, wo[0], ab), wo, i, bo[i], o, STORE)
+            _add_normed(x, o, post_attn[i], eps)
+        else:
+            _linear_layer(acts(a, wo[0], ab), wo, i, bo[i], x, ADD)
         rmsnorm_into(x, mlp_norm[i], eps, h)
-        _linear_layer(acts(h, wgu[0], ab), wgu, i, bgu[i], act, SWIGLU)
-        _linear_layer(acts(act, wdown[0], ab), wdown, i, bdown[i], x, ADD)
+        _linear_layer(acts(h, wgu[0], ab), wgu, i, bgu[i], act, gated)
+        if post:
+            _linear_layer(acts(act, wdown[0], ab), wdown, i, bdown[i], o, STORE)
+            _add_normed(x, o, post_mlp[i], eps)
+        else:
+            _linear_layer(acts(act, wdown[0], ab), wdown, i, bdown[i], x, ADD)
     n = out_rows.shape[0]
     hf = np.empty((n, H), np.float32)
     xs = np.empty((n, H), np.float32)
@@ -221,13 +242,22 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
     return logits
 
 
+@njit(inline="always")
+def _add_normed(x, o, w, eps):
+    # x += rmsnorm(o) * w, row by row (o normed in place: rmsnorm's row writes y[i] after reading x[i])
+    rmsnorm_into(o, w, eps, o)
+    for r in range(x.shape[0]):
+        for c in range(x.shape[1]):
+            x[r, c] = x[r, c] + o[r, c]
+
+
 _FORWARD = TwoBuilds(_forward, calls={"_linear_layer": _LINEAR_LAYER})
 SERIAL_FORWARD = 1 << 19  # multiply-adds per forward below which one thread runs it all (~50 us)
 
 
 class Weights(NamedTuple):
     """What a forward reads of the model: the stacked layers, the embedding table ((V, H) float32 or
-    uint16 bf16 bits, or a packed quantized table), the final norm, the head, RoPE's tables."""
+    uint16 bf16 bits, or a packed quantized table), the final norm, the head, RoPE's tables (T, C, D)."""
     stack: Stack
     embed: np.ndarray
     norm: np.ndarray
@@ -237,14 +267,18 @@ class Weights(NamedTuple):
 
 
 class Shape(NamedTuple):
-    """The attention's shape: query heads, KV heads, head size, RMS epsilon, score scale, sliding
-    window (0: none)."""
+    """The attention's shape: query heads, KV heads, head size, RMS epsilon, score scale, each layer's
+    sliding window (L,) int64 (0: none) and RoPE table (L,) int64 (an index into Weights.cos/sin); the gated
+    MLP's mode (linear.SWIGLU or GEGLU), the embedding's scale (0: none)."""
     n_heads: int
     n_kv_heads: int
     head_dim: int
     eps: float
     scale: float
-    window: int
+    windows: np.ndarray
+    rope_of: np.ndarray
+    gated: int = SWIGLU
+    embed_scale: float = 0.0
 
 
 class RowSet(NamedTuple):
@@ -269,7 +303,7 @@ def forward(w: Weights, shape: Shape, rows: RowSet, cache: CacheView, x_in: np.n
     x_in (R, H) float32: the rows to start from in place of the tokens' embeddings; hidden (R, H)
     float32: filled with every row's final-normed state."""
     st, embed, norm, head, cos, sin = w
-    Hq, Hkv, D, eps, scale, window = shape
+    Hq, Hkv, D, eps, scale, windows, rope_of, gated, embed_scale = shape
     tokens, slot, pos, out_rows = rows
     table, kc, vc = cache
     logits = np.empty((out_rows.shape[0], head.n), np.float32)
@@ -278,7 +312,7 @@ def forward(w: Weights, shape: Shape, rows: RowSet, cache: CacheView, x_in: np.n
     H = norm.shape[0]
     x_in = np.empty((0, H), np.float32) if x_in is None else x_in
     hidden = np.empty((0, H), np.float32) if hidden is None else hidden
-    dims = (Hq, Hkv, D, st.shapes["w_down"][1], st.shapes["wqkv"][0], np.float32(eps), np.float32(scale), window,
-            get_num_threads())
+    dims = (Hq, Hkv, D, st.shapes["w_down"][1], st.shapes["wqkv"][0], np.float32(eps), np.float32(scale),
+            get_num_threads(), gated, np.float32(embed_scale), windows, rope_of)
     return _FORWARD.run(tokens.shape[0] * (st.work + head.n * head.k), SERIAL_FORWARD, (tokens, slot, pos, out_rows, x_in),
                         (embed, norm, head.data), st.layers, dims, (cos, sin, table, kc, vc), logits, hidden)

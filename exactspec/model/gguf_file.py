@@ -22,7 +22,7 @@ from ..errors import CheckpointError, UnsupportedModelError, WeightError
 from ..text.tokenizer import Tokenizer
 from .weights import finite
 
-ARCHS = ("llama", "qwen2", "qwen3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 _REQUIRED = object()  # _field's default: a missing field is an error
 
 _LAYER = {  # HF name inside model.layers.{i}. -> GGUF name inside blk.{i}.
@@ -36,16 +36,19 @@ _LAYER = {  # HF name inside model.layers.{i}. -> GGUF name inside blk.{i}.
     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
+_GEMMA3 = {**_LAYER, "post_attention_layernorm.weight": "post_attention_norm.weight",
+           "pre_feedforward_layernorm.weight": "ffn_norm.weight", "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
         "lm_head.weight": "output.weight"}
 
 
-def gguf_name(hf: str) -> str | None:
+def gguf_name(hf: str, arch: str = "llama") -> str | None:
     if hf in _TOP:
         return _TOP[hf]
+    layer = _GEMMA3 if arch == "gemma3" else _LAYER
     parts = hf.split(".", 3)  # model, layers, i, rest
-    if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in _LAYER:
-        return f"blk.{parts[2]}.{_LAYER[parts[3]]}"
+    if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in layer:
+        return f"blk.{parts[2]}.{layer[parts[3]]}"
     return None
 
 
@@ -93,7 +96,8 @@ class GGUFFile:
     def _config(self) -> ModelConfig:
         a = self.arch
         g = lambda k: self._field(f"{a}.{k}")  # noqa: E731
-        if self._field(f"{a}.rope.scaling.type", "none") not in ("none", ""):  # linear, yarn: not yet
+        scaling_type = self._field(f"{a}.rope.scaling.type", "none")
+        if scaling_type not in ("none", "") and not (a == "gemma3" and scaling_type == "linear"):  # yarn: not yet
             raise UnsupportedModelError(f"{self.path}: rope scaling {a}.rope.scaling.type="
                                         f"{self._field(f'{a}.rope.scaling.type')!r} is not supported (Llama 3.x's "
                                         "rope_freqs tensor is)")
@@ -112,7 +116,7 @@ class GGUFFile:
         keys = {"n_heads": f"{a}.attention.head_count", "n_kv_heads": f"{a}.attention.head_count_kv",
                 "head_dim": f"{a}.attention.key_length", "rms_norm_eps": f"{a}.attention.layer_norm_rms_epsilon",
                 "rope_theta": f"{a}.rope.freq_base"}
-        return check_numbers(ModelConfig(
+        cfg = ModelConfig(
             arch=a, vocab_size=vocab, hidden_size=hidden, intermediate_size=self._count(f"{a}.feed_forward_length"),
             n_layers=n_layers, n_heads=n_heads,
             n_kv_heads=self._count(f"{a}.attention.head_count_kv", n_heads),
@@ -123,8 +127,56 @@ class GGUFFile:
             tie_word_embeddings="output.weight" not in self.tensors,
             qkv_bias="blk.0.attn_q.bias" in self.tensors, o_bias="blk.0.attn_output.bias" in self.tensors,
             mlp_bias="blk.0.ffn_up.bias" in self.tensors, qk_norm="blk.0.attn_q_norm.weight" in self.tensors,
-            sliding_window=None, eos_token_ids=() if eos is None else (int(eos),),
-            bos_token_id=self._field("tokenizer.ggml.bos_token_id", None)), str(self.path), keys)
+            sliding_window=None, eos_token_ids=self._eos_ids(eos, tokens),
+            bos_token_id=self._field("tokenizer.ggml.bos_token_id", None))
+        if a == "gemma3":
+            cfg = self._gemma3(cfg, scaling_type)
+            keys = {**keys, "layer_windows": f"{a}.attention.sliding_window_pattern",
+                    "rope_local_theta": f"{a}.rope.freq_base_swa"}
+        return check_numbers(cfg, str(self.path), keys)
+
+    def _gemma3(self, cfg: ModelConfig, scaling_type: str) -> ModelConfig:
+        """Gemma 3 as llama.cpp reads it: norms stored as (1 + w) by its converter, the embedding scaled by
+        sqrt(hidden) (float32), windowed layers (sliding_window, every layer but each sliding_window_pattern-th,
+        default 6, or a per-layer list) on their own RoPE base (freq_base_swa, default 10000, never scaled),
+        scores scaled by 1/sqrt(head size) (1/sqrt(hidden / heads) for the 62-layer 27B, as llama.cpp does)."""
+        import dataclasses
+        a, n = self.arch, cfg.n_layers
+        window = self._field(f"{a}.attention.sliding_window", 0)
+        pattern = self._field(f"{a}.attention.sliding_window_pattern", 6)
+        if isinstance(pattern, list):
+            if len(pattern) != n:
+                raise CheckpointError(f"{self.path}: metadata field '{a}.attention.sliding_window_pattern' lists "
+                                      f"{len(pattern)} layers, the model has {n}")
+            windowed = [bool(x) for x in pattern]
+        elif isinstance(pattern, (int, np.integer)) and not isinstance(pattern, bool) and pattern >= 0:
+            windowed = [pattern == 0 or i % pattern < pattern - 1 for i in range(n)]
+        else:
+            raise CheckpointError(f"{self.path}: metadata field '{a}.attention.sliding_window_pattern' is "
+                                  f"{pattern!r}, expected an integer >= 0 or a list of booleans")
+        if not isinstance(window, (int, np.integer)) or isinstance(window, bool) or window < 0:
+            raise CheckpointError(f"{self.path}: metadata field '{a}.attention.sliding_window' is {window!r}, "
+                                  "expected an integer >= 0")
+        if self._field(f"{a}.final_logit_softcapping", None):
+            raise UnsupportedModelError(f"{self.path}: {a}.final_logit_softcapping is not supported (Gemma 3 has none)")
+        scale_dim = cfg.hidden_size // cfg.n_heads if n == 62 else cfg.head_dim
+        scaling = cfg.rope_scaling
+        if scaling_type == "linear":
+            scaling = {"linear": float(self._field(f"{a}.rope.scaling.factor", 1.0))}
+        return dataclasses.replace(
+            cfg, act="gelu_tanh", embed_scale=float(np.sqrt(np.float32(cfg.hidden_size))), post_norms=True,
+            query_scale=1.0 / float(np.sqrt(scale_dim)), rope_scaling=scaling,
+            layer_windows=tuple(int(window) if w and window else 0 for w in windowed),
+            rope_local_theta=float(self._field(f"{a}.rope.freq_base_swa", 10000.0)), tie_word_embeddings=
+            "output.weight" not in self.tensors)
+
+    def _eos_ids(self, eos, tokens) -> tuple[int, ...]:
+        """The file's EOS, and for Gemma the end of a chat turn (<end_of_turn>, as its generation config and
+        llama.cpp's end-of-generation tokens have it)."""
+        ids = () if eos is None else (int(eos),)
+        if self.arch == "gemma3" and tokens and "<end_of_turn>" in tokens:
+            ids += tuple(i for i in (list(tokens).index("<end_of_turn>"),) if i not in ids)
+        return ids
 
     def _rope_freqs(self) -> dict | None:
         """Llama 3.x's frequency divisors, as llama.cpp's converter stores them (rope_freqs.weight, F32)."""
@@ -144,11 +196,11 @@ class GGUFFile:
 
     # -- the TensorStore interface --------------------------------------------------------------
     def has(self, name: str) -> bool:
-        g = gguf_name(name)
+        g = gguf_name(name, self.arch)
         return g is not None and g in self.tensors
 
     def _tensor(self, name: str, shape: tuple[int, ...]):
-        g = gguf_name(name)
+        g = gguf_name(name, self.arch)
         t = self.tensors.get(g) if g else None
         if t is None:
             raise WeightError(f"{self.path}: tensor {g or name!r} ({name}) is missing from the GGUF file")
@@ -176,7 +228,7 @@ class GGUFFile:
     def quant_formats(self) -> dict[str, str]:
         """{HF name: format} of the tensors stored in a format of quant.FORMATS."""
         names = list(_TOP) + [f"model.layers.{i}.{k}" for i in range(self.cfg.n_layers) for k in _LAYER]
-        fmts = {n: _kept_format(self.tensors[g]) for n in names if (g := gguf_name(n)) in self.tensors}
+        fmts = {n: _kept_format(self.tensors[g]) for n in names if (g := gguf_name(n, self.arch)) in self.tensors}
         return {n: f for n, f in fmts.items() if f is not None}
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -94,7 +94,10 @@ class Packer:
 
     # -- tensors --------------------------------------------------------------------------------
     def norm(self, name: str, n: int) -> np.ndarray:
-        return self.store.get(name, (n,), torch.float32).contiguous().numpy()
+        w = self.store.get(name, (n,), torch.float32)
+        if self.cfg.norm_offset:  # Gemma's (1 + w), in float32 as transformers computes it
+            w = w + self.cfg.norm_offset
+        return w.contiguous().numpy()
 
     def bias(self, name: str, n: int, present: bool) -> torch.Tensor | None:
         return self.store.get(name, (n,), torch.float32) if present else None
@@ -139,14 +142,18 @@ class Packer:
             return torch.cat(bs) if c.qkv_bias else None
         empty = np.empty(0, np.float32)
         mlp_b = c.mlp_bias
+        gemma = c.post_norms  # Gemma 3: pre and post norms around both blocks
         return Layer(
+            post_attn_norm=self.norm(p + "post_attention_layernorm.weight", H) if gemma else None,
+            post_mlp_norm=self.norm(p + "post_feedforward_layernorm.weight", H) if gemma else None,
             attn_norm=self.norm(p + "input_layernorm.weight", H),
             wqkv=self.linear("qkv", qkv[:split], cat(qkv_b[:split]), i),
             wv=self.linear("v", qkv[2:], cat(qkv_b[2:]), i) if self.fmt["v"] else None,
             q_norm=self.norm(a + "q_norm.weight", D) if c.qk_norm else empty,
             k_norm=self.norm(a + "k_norm.weight", D) if c.qk_norm else empty,
             wo=self.linear("o", [(a + "o_proj.weight", (H, Hq * D))], self.bias(a + "o_proj.bias", H, c.o_bias), i),
-            mlp_norm=self.norm(p + "post_attention_layernorm.weight", H),
+            mlp_norm=self.norm(p + ("pre_feedforward_layernorm.weight" if gemma else "post_attention_layernorm.weight"),
+                               H),
             w_gate=self.linear("gate_up", [(p + "mlp.gate_proj.weight", (I, H))],
                                self.bias(p + "mlp.gate_proj.bias", I, mlp_b), i),
             w_up=self.linear("gate_up", [(p + "mlp.up_proj.weight", (I, H))], self.bias(p + "mlp.up_proj.bias", I, mlp_b),

@@ -26,9 +26,16 @@ class Layer:
     w_up: PackedWeight  # (I, H)
     w_down: PackedWeight  # (H, I)
     wv: PackedWeight | None = None  # (Hkv*D, H): v apart, where a file keeps it in another format than q, k
+    post_attn_norm: np.ndarray | None = None  # (H,) Gemma 3: the attention's output normed before the add
+    post_mlp_norm: np.ndarray | None = None  # (H,) the MLP's likewise; else empty
+
+    def __post_init__(self) -> None:
+        for name in ("post_attn_norm", "post_mlp_norm"):
+            if getattr(self, name) is None:
+                setattr(self, name, np.empty(0, np.float32))
 
 
-_NORMS = ("attn_norm", "q_norm", "k_norm", "mlp_norm")
+_NORMS = ("attn_norm", "q_norm", "k_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm")
 _LINEARS = ("wqkv", "wv", "wo", "w_gate", "w_down")
 
 
@@ -90,7 +97,7 @@ class Stack:
         def lin(n):
             return (a[n], a[n + "_alt"], a["sel_" + n]), a["b_" + n]
         return (a["attn_norm"], *lin("wqkv"), *lin("wv"), a["q_norm"], a["k_norm"], *lin("wo"), a["mlp_norm"],
-                *lin("w_gate"), *lin("w_down"))
+                *lin("w_gate"), *lin("w_down"), a["post_attn_norm"], a["post_mlp_norm"])
 
     def put(self, i: int, layer: Layer) -> None:
         a = self.arrays

@@ -1,4 +1,4 @@
-"""The transformer: Llama / Mistral / Qwen2 / Qwen3, forward over flattened rows.
+"""The transformer: Llama / Mistral / Qwen2 / Qwen3 / Gemma 3, forward over flattened rows.
 
 A forward call takes any set of rows (token, slot, position) from any sequences: a prompt, one
 decode token, k+1 verify tokens, or all of these from many sequences at once. Every row is
@@ -60,16 +60,20 @@ class Rows:
         return net.forward(int64s(self.tok), int64s(self.slot), int64s(self.pos), cache, int64s(self.out), x_in, hidden)
 
 
-def inv_freq(cfg: ModelConfig) -> torch.Tensor:
+def inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
     """RoPE inverse frequencies (D/2,) float32: theta^(-2i/D), divided by each frequency's factor where
     the RoPE is scaled. Llama 3.x's factors are the ones llama.cpp's converter writes into a GGUF file's
     rope_freqs tensor (`llama3_factors`), so a HF folder and its GGUF give the same bits (transformers
-    scales the frequencies by the same formula in another order: ~1 ulp apart in the blended band)."""
+    scales the frequencies by the same formula in another order: ~1 ulp apart in the blended band).
+    local: the windowed layers' own table (Gemma 3: rope_local_theta, never scaled)."""
     d = cfg.head_dim
-    f = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    theta = cfg.rope_local_theta if local else cfg.rope_theta
+    f = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     s = cfg.rope_scaling
-    if s is None:
+    if s is None or local:
         return f
+    if "linear" in s:
+        return f / s["linear"]
     factors = torch.tensor(s["freq_factors"], dtype=torch.float32) if "freq_factors" in s else llama3_factors(f, s)
     return f / factors
 
@@ -100,7 +104,8 @@ class Transformer:
         self.cfg = cfg
         self.max_context = max_context
         H, D, Hq, Hkv = cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-        ensure_fits(2 * max_context * D * 4, f"RoPE tables for max_context={max_context}", "max_context")
+        local = cfg.rope_local_theta is not None
+        ensure_fits(2 * (1 + local) * max_context * D * 4, f"RoPE tables for max_context={max_context}", "max_context")
         if cfg.n_layers < 1:
             raise UnsupportedModelError(f"num_hidden_layers={cfg.n_layers}: at least one layer is needed")
         if Hq % Hkv:
@@ -121,8 +126,13 @@ class Transformer:
         self.dtype = p.name()  # e.g. "q4_1+q8_0+float32": the formats kept, then the rest
         # what quantized weights multiply: int8 rows (integer dot products) or float32 ones
         self.activations = activations if any(p.fmt.values()) else "float32"
-        self.cos, self.sin = K.rope_table(inv_freq(cfg), max_context)  # (C, D) each
-        self.scale = 1.0 / math.sqrt(D)
+        tables = [K.rope_table(inv_freq(cfg, lc), max_context) for lc in ((False, True) if local else (False,))]
+        self.cos = torch.stack([c for c, _ in tables])  # (T, C, D) each: the global table, then the local one
+        self.sin = torch.stack([s for _, s in tables])
+        self.windows = np.array(cfg.windows(), np.int64)  # each layer's window (0: none)
+        self.rope_of = np.array(cfg.rope_tables(), np.int64)  # each layer's table
+        self.scale = cfg.query_scale if cfg.query_scale is not None else 1.0 / math.sqrt(D)
+        self.gated = K.GEGLU if cfg.act == "gelu_tanh" else K.SWIGLU
         if isinstance(embed, K.PackedWeight):
             self._embed_np = embed.data  # F.embed_rows reads row t from lane t % NL of block t // NL
         else:
@@ -191,14 +201,19 @@ class Transformer:
         c = self.cfg
         rows = np.arange(t.shape[0]) if out_rows is None else out_rows.numpy()
         weights = F.Weights(self.stack, self._embed_np, self.norm, self.lm_head, self._cos_np, self._sin_np)
-        shape = F.Shape(c.n_heads, c.n_kv_heads, c.head_dim, c.rms_norm_eps, self.scale, c.sliding_window or 0)
+        shape = F.Shape(c.n_heads, c.n_kv_heads, c.head_dim, c.rms_norm_eps, self.scale, self.windows, self.rope_of,
+                        self.gated, c.embed_scale)
         logits = F.forward(weights, shape, F.RowSet(t, s, p, rows),
                            F.CacheView(cache.table, K.as_numpy(cache.k), K.as_numpy(cache.v)), x_in, hidden)
         return torch.from_numpy(logits)
 
     def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(R, H) float32 rows of the embedding table, as the compiled forward looks them up."""
-        return torch.from_numpy(F.embed_rows(self._embed_np, tokens.numpy(), self.cfg.hidden_size))
+        """(R, H) float32 rows of the embedding table (times embed_scale where the model scales them), as the
+        compiled forward starts from them."""
+        x = F.embed_rows(self._embed_np, tokens.numpy(), self.cfg.hidden_size)
+        if self.cfg.embed_scale:
+            x *= np.float32(self.cfg.embed_scale)
+        return torch.from_numpy(x)
 
     def forward_ref(self, tokens: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, cache: KVCache,
                     out_rows: torch.Tensor | None = None, x_in: np.ndarray | None = None,
@@ -209,19 +224,25 @@ class Transformer:
         c = self.cfg
         R, D, Hq, Hkv = tokens.shape[0], c.head_dim, c.n_heads, c.n_kv_heads
         x = self.embed_rows(tokens) if x_in is None else torch.from_numpy(x_in.copy())  # (R, H)
-        window = c.sliding_window or 0
+        eps = c.rms_norm_eps
+
+        def post(y: torch.Tensor, w: np.ndarray) -> torch.Tensor:  # Gemma's norm of a block's output
+            return K.rmsnorm(y, w, eps) if w.shape[0] else y
         for i, L in enumerate(self.layers):
-            h = K.rmsnorm(x, L.attn_norm, c.rms_norm_eps)
+            h = K.rmsnorm(x, L.attn_norm, eps)
             qkv = K.linear(h, L.wqkv)  # (R, (Hq + 2 Hkv) D)
             if L.wv is not None:  # v kept apart (another format than q, k)
                 qkv = torch.cat([qkv, K.linear(h, L.wv)], 1)
-            q = K.qkv_rope_cache(qkv, Hq, Hkv, D, L.q_norm, L.k_norm, c.rms_norm_eps, self.cos, self.sin,
+            t = int(self.rope_of[i])
+            q = K.qkv_rope_cache(qkv, Hq, Hkv, D, L.q_norm, L.k_norm, eps, self.cos[t], self.sin[t],
                                  cache.table, slot, pos, cache.k[i], cache.v[i])  # (R, Hq, D); k, v now cached
-            a = K.attention(q, cache.k[i], cache.v[i], cache.table, slot, pos, self.scale, window)  # (R, Hq, D)
-            x = x + K.linear(a.reshape(R, Hq * D), L.wo)
-            h = K.rmsnorm(x, L.mlp_norm, c.rms_norm_eps)
+            a = K.attention(q, cache.k[i], cache.v[i], cache.table, slot, pos, self.scale,
+                            int(self.windows[i]))  # (R, Hq, D)
+            x = x + post(K.linear(a.reshape(R, Hq * D), L.wo), L.post_attn_norm)
+            h = K.rmsnorm(x, L.mlp_norm, eps)
             gu = torch.cat([K.linear(h, L.w_gate), K.linear(h, L.w_up)], 1)  # (R, 2I)
-            x = x + K.linear(K.silu_mul(gu), L.w_down)
+            act = K.gelu_mul(gu) if self.gated == K.GEGLU else K.silu_mul(gu)
+            x = x + post(K.linear(act, L.w_down), L.post_mlp_norm)
         if hidden is not None:
             hidden[:] = K.rmsnorm(x, self.norm, c.rms_norm_eps).numpy()
         if out_rows is not None:

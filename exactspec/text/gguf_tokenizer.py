@@ -86,9 +86,33 @@ def build(field: Field, where: str) -> tuple[Tokenizer, dict]:
     config = {"bos_token": name["bos"], "eos_token": name["eos"], "unk_token": name["unknown"],
               "pad_token": name["padding"], "add_bos_token": add_bos, "add_eos_token": add_eos}
     template = field("tokenizer.chat_template", None)
+    if not template and "<start_of_turn>" in tokens and "<end_of_turn>" in tokens:
+        template = GEMMA_TEMPLATE  # a Gemma file converted without its template (llama.cpp's "gemma" format)
     if template:
         config["chat_template"] = template
     return tok, config
+
+
+# Gemma's own chat format (its tokenizer_config.json's template, text parts only), for Gemma files that carry
+# none: a system message prefixes the first user turn; "assistant" is "model"; turns end with <end_of_turn>.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = (messages[0]['content'] if messages[0]['content'] is string else "
+    "messages[0]['content'] | map(attribute='text') | join('')) + '\n\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{%- if message['content'] is string -%}{{ message['content'] | trim }}"
+    "{%- else -%}{{ message['content'] | map(attribute='text') | join('') | trim }}{%- endif -%}"
+    "{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}")
 
 
 def _byte_level(field: Field, tokens: list[str], merges, where: str) -> Tokenizer:

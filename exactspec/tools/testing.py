@@ -61,6 +61,11 @@ def config_for(arch: str, layers: int = 2, hidden: int = 64, seed_vocab: int = V
         return tf.Qwen2Config(**{**common, "tie_word_embeddings": True}), tf.Qwen2ForCausalLM
     if arch == "qwen3":
         return tf.Qwen3Config(**{**common, "head_dim": 32}), tf.Qwen3ForCausalLM
+    if arch == "gemma3":  # 5 windowed layers (window 16) then a global one; a head size apart from hidden / heads
+        g = {**common, "num_hidden_layers": max(layers, 6), "head_dim": 32, "tie_word_embeddings": True,
+             "sliding_window": 16, "query_pre_attn_scalar": 24, "pad_token_id": 0, "hidden_activation": "gelu_pytorch_tanh"}
+        g.update(kw)
+        return tf.Gemma3TextConfig(**g), tf.Gemma3ForCausalLM
     raise ValueError(arch)
 
 
@@ -70,11 +75,17 @@ def random_model(arch: str = "llama", seed: int = 0, dtype: torch.dtype = torch.
     cfg, cls = config_for(arch, **kw)
     torch.manual_seed(seed)
     model = cls(cfg).eval()
+    gemma = arch == "gemma3"  # its norms multiply by (1 + w), and start at w = 0: made random to test that
+    if gemma:
+        with torch.no_grad():
+            for name, w in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    w.normal_(0.0, 0.2)
     if near_ties:
         with torch.no_grad():
             head = model.get_output_embeddings().weight  # (V, H); tied models share it with the input
             head[1::2, 1:] = head[0::2, 1:]
-            model.model.norm.weight[0] = 1e-6
+            model.model.norm.weight[0] = 1e-6 - 1.0 if gemma else 1e-6
     return model.to(dtype)
 
 
