@@ -63,6 +63,9 @@ def from_gguf(src: Path, folder: Path, qtypes: list[str]) -> dict:
     from exactspec.model.gguf_file import GGUFFile, gguf_name
     store = GGUFFile(src)
     c = store.cfg
+    if _written(qtypes) == ["FILE"]:  # the file as it is (any architecture we load, e.g. Gemma 3's Q4_K_M)
+        (folder / "model-file.gguf").symlink_to(src.resolve())
+        return dict(hidden_size=c.hidden_size, num_hidden_layers=c.n_layers)
     if c.arch != "llama":
         raise SystemExit(f"{src}: only llama GGUF files are converted here (got {c.arch})")
     shape = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
@@ -293,7 +296,8 @@ def main() -> None:
             what = "Llama-2-7B shape, random valid Q4_0 blocks"
         elif a.gguf:
             shape = from_gguf(Path(a.gguf), Path(tmp), _written(a.qtype))
-            what = f"{Path(a.gguf).name} dequantized to BF16 (hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers)"
+            what = (f"{Path(a.gguf).name}{' as it is' if _written(a.qtype) == ['FILE'] else ' dequantized to BF16'} "
+                    f"(hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers)")
         else:
             if "FILE" in a.qtype:
                 raise SystemExit("--qtype FILE needs --gguf FILE")
