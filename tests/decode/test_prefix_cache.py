@@ -28,10 +28,11 @@ def _run(b: Batch, reqs: list, at: list[int]) -> list:
     return seqs
 
 
-@pytest.mark.parametrize("drafter_kind", ["none", "lookup", "model"])
+@pytest.mark.parametrize("drafter_kind,arch", [("none", "qwen3"), ("lookup", "qwen3"), ("model", "qwen3"),
+                                               ("lookup", "gemma3")])  # Gemma: prompts past its window of 16
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_prefix_cache_on_equals_off(ckpt, drafter_kind, temperature):
-    target = exactspec.load(ckpt("qwen3"))
+def test_prefix_cache_on_equals_off(ckpt, drafter_kind, arch, temperature):
+    target = exactspec.load(ckpt(arch))
     draft = exactspec.load(ckpt("llama", seed=7, layers=1, hidden=32))
     prompts = _prompts()
     kw = dict(temperature=temperature, seed=5, ignore_eos=True, logprobs=2,

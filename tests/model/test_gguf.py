@@ -72,7 +72,14 @@ def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", s
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    gemma = arch == "gemma3"
+    w.add_rope_freq_base(c.rope_parameters["full_attention" if gemma else "rope_theta"]["rope_theta"] if gemma else
+                         c.rope_parameters["rope_theta"])
+    if getattr(c, "head_dim", None):
+        w.add_key_length(c.head_dim)
+        w.add_value_length(c.head_dim)
+    if gemma:  # as llama.cpp's converter: the window; the pattern (every 6th layer global) and local base are defaults
+        w.add_sliding_window(c.sliding_window)
     w.add_vocab_size(c.vocab_size)
     w.add_eos_token_id(1)
     if tokenizer_folder is not None:
@@ -81,6 +88,8 @@ def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", s
     def put(name, t, qtype=qtype):
         if name in skip:
             return
+        if gemma and name.endswith("norm.weight"):  # the converter stores Gemma's norms as 1 + w
+            t = t + 1.0
         types_ = types or {}  # a layer's own name ("blk.1.attn_v.weight") first, then the kind's
         qtype = types_.get(name, types_.get(name.split(".", 2)[-1] if name.startswith("blk.") else name, qtype))
         a = t.numpy()
@@ -106,10 +115,16 @@ def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", s
         q, k = sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"]
         if arch == "llama":
             q, k = _permute(q, c.num_attention_heads), _permute(k, c.num_key_value_heads)
+        norms = ((("ffn_norm.weight", sd[p + "pre_feedforward_layernorm.weight"]),
+                  ("post_attention_norm.weight", sd[p + "post_attention_layernorm.weight"]),
+                  ("post_ffw_norm.weight", sd[p + "post_feedforward_layernorm.weight"])) if gemma else
+                 (("ffn_norm.weight", sd[p + "post_attention_layernorm.weight"]),))
+        for hf, g in (("q_norm.weight", "attn_q_norm.weight"), ("k_norm.weight", "attn_k_norm.weight")):
+            if p + "self_attn." + hf in sd:
+                norms += ((g, sd[p + "self_attn." + hf]),)
         for name, t in (("attn_norm.weight", sd[p + "input_layernorm.weight"]), ("attn_q.weight", q),
                         ("attn_k.weight", k), ("attn_v.weight", sd[p + "self_attn.v_proj.weight"]),
-                        ("attn_output.weight", sd[p + "self_attn.o_proj.weight"]),
-                        ("ffn_norm.weight", sd[p + "post_attention_layernorm.weight"]),
+                        ("attn_output.weight", sd[p + "self_attn.o_proj.weight"]), *norms,
                         ("ffn_gate.weight", sd[p + "mlp.gate_proj.weight"]),
                         ("ffn_up.weight", sd[p + "mlp.up_proj.weight"]),
                         ("ffn_down.weight", sd[p + "mlp.down_proj.weight"])):
@@ -128,13 +143,14 @@ def _ids(n=40):
     return torch.randint(2, 320, (n,), generator=torch.Generator().manual_seed(7)).tolist()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "llama3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "llama3", "gemma3"])
 def test_float32_gguf_equals_the_hf_folder_bitwise(ckpt, arch, tmp_path):
     """The same float32 weights from a GGUF file (llama: q/k rows permuted as llama.cpp stores them; Llama
-    3.x: its RoPE scaling as the rope_freqs tensor) and from the HF folder: bitwise the same logits, close
-    to transformers."""
-    folder = ckpt(arch)
-    hf = random_model(arch)  # the same seed and init as the folder
+    3.x: its RoPE scaling as the rope_freqs tensor; Gemma 3: norms stored as 1 + w, windows and local RoPE
+    base by llama.cpp's defaults) and from the HF folder: bitwise the same logits, close to transformers."""
+    kw = {"query_pre_attn_scalar": 32} if arch == "gemma3" else {}  # llama.cpp scales by 1/sqrt(head size)
+    folder = ckpt(arch, **kw)
+    hf = random_model(arch, **kw)  # the same seed and init as the folder
     path = write_gguf(hf, tmp_path / "m.gguf", arch="llama" if arch == "llama3" else arch)
     if arch == "llama3":  # the file really carries the scaling, and it really scales
         f = GGUFFile(path).cfg.rope_scaling["freq_factors"]
@@ -328,3 +344,51 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused(tmp_path, ckpt):
     with pytest.raises(CheckpointError, match=rf"m.gguf: the tokenizer has token ids up to \d+, but the model has "
                                               rf"{n - 50} embedding rows|token_embd.weight' has shape"):
         exactspec.load(path)
+
+
+@pytest.mark.parametrize("edit,exc,needle", [
+    ({"sliding_window": None}, CheckpointError, r"field 'sliding_window' is None; layers of type 'sliding_attention' "
+                                                r"need a window >= 1"),
+    ({"layer_types": ["full_attention"] * 2}, CheckpointError, r"field 'layer_types' must list .* for each of the 6 "
+                                                               r"layers"),
+    ({"final_logit_softcapping": 30.0}, UnsupportedModelError, r"final_logit_softcapping=30\.0 is not supported"),
+    ({"hidden_activation": "relu"}, UnsupportedModelError, r"hidden_activation='relu' is not supported"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": -1.0}}},
+     CheckpointError, r"rope_local_theta is -1\.0; expected a finite number > 0"),
+])
+def test_bad_gemma3_configs_are_named(ckpt, tmp_path, edit, exc, needle):
+    """Gemma 3's own keys, each checked at load: a window missing where sliding layers need one, a layer list
+    of the wrong length, logit soft-capping (Gemma 2's), another activation, a bad local RoPE base."""
+    import json
+    import shutil
+    folder = shutil.copytree(ckpt("gemma3"), tmp_path / "g")
+    c = json.loads((folder / "config.json").read_text())
+    c.update(edit)
+    (folder / "config.json").write_text(json.dumps(c))
+    with pytest.raises(exc, match=needle):
+        exactspec.load(folder)
+
+
+def test_bad_gemma3_gguf_keys_are_named(tmp_path):
+    """A GGUF sliding-window pattern listing the wrong number of layers, or a negative one: named at load."""
+    hf = random_model("gemma3", query_pre_attn_scalar=32)
+    path = write_gguf(hf, tmp_path / "m.gguf", arch="gemma3")
+    r = gguf.GGUFReader(str(path))
+    for value, needle in (([True, False], r"'gemma3\.attention\.sliding_window_pattern' lists 2 layers, the model "
+                                          r"has 6"),):
+        w = gguf.GGUFWriter(str(tmp_path / "p.gguf"), "gemma3")
+        for f in r.fields.values():
+            if f.name.startswith(("GGUF.", "general.architecture")):
+                continue
+            w.add_key_value(f.name, f.contents(), f.types[0], f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY
+                            else None)
+        w.add_array("gemma3.attention.sliding_window_pattern", value)
+        for t in r.tensors:
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with pytest.raises(CheckpointError, match=needle):
+            exactspec.load(tmp_path / "p.gguf")
