@@ -134,8 +134,9 @@ class Matcher:
         self._check("the grammar")
 
     def _check(self, what: str) -> None:
-        if self.m.is_error():
-            raise GenerationError(f"constraint ({self.g.kind}): {what}: {self.m.get_error()}")
+        if self.m.is_error():  # llguidance's message: a first line, then its parser state (dozens of lines)
+            first = (self.m.get_error() or "").strip().splitlines() or ["(no message)"]
+            raise GenerationError(f"constraint ({self.g.kind}): {what}: {first[0][:300]}")
 
     @property
     def done(self) -> bool:

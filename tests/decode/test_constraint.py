@@ -176,3 +176,36 @@ def test_random_schemas_valid_answers_every_drafter_the_same(m, schema, seed):
         assert _answer(m.generate(PROMPTS[seed % 3], 120, **kw, **extra)) == _answer(plain), extra
     if plain.finish_reason == "stop":
         assert _follows(json.loads(plain.text), schema), (plain.text, schema)
+
+
+def test_a_grammar_with_no_allowed_token_left_is_a_named_error_for_that_answer_alone(m, monkeypatch):
+    """A vocabulary that cannot spell what the grammar needs next (here: no digits) leaves no allowed token:
+    llguidance stops, and the matcher raises a one-line GenerationError, never an unconstrained pick. In a
+    batch the dead end fails its own answer only; the other answers are their plain selves."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from exactspec.decode import constraint as C
+    from exactspec.errors import GenerationError
+    vocab = {c: i for i, c in enumerate(["<eos>", *"abcdefghij", "ab"])}
+    t = Tokenizer(models.BPE(vocab, [("a", "b")]))
+    t.pre_tokenizer, t.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    mt = C.Matcher(C.make_grammar(C.Vocab(t.to_str(), len(vocab), [0]), "regex", "ab[0-9]"))
+    assert mt.mask().nonzero()[0].tolist() == [11]  # "ab" (llguidance keeps to the canonical split)
+    mt.advance([11])
+    with pytest.raises(GenerationError, match=r"^constraint \(regex\): computing the allowed tokens: \S+$"):
+        mt.mask()
+    # in the decode loop: one answer's matcher reaches a dead end at its 4th token
+    want = [m.generate(p, 20, ignore_eos=True).token_ids for p in PROMPTS[:2]]
+    real, calls = C.Matcher.mask, {"n": 0}
+
+    def dead_end(self):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise GenerationError("constraint (regex): computing the allowed tokens: NoExtensionBias")
+        return real(self)
+    monkeypatch.setattr(C.Matcher, "mask", dead_end)
+    with pytest.raises(GenerationError, match=r"NoExtensionBias") as e:
+        m.generate_batch(PROMPTS[:3], 20, ignore_eos=True, regex=[None, None, "[a-z ]+"], num_draft_tokens=0)
+    got = e.value.results
+    assert [r.finish_reason for r in got] == ["length", "length", "error"]
+    assert [r.token_ids for r in got[:2]] == want
