@@ -1,4 +1,5 @@
-"""GGUF files (llama.cpp's format), read with ggml-org's `gguf` package: the config from the
+"""GGUF files (llama.cpp's format): the header read and checked by `gguf_header.read_header` (the tensors
+as views of a read-only memory map, laid out as ggml-org's `gguf` package lays them out), the config from the
 metadata, tensors served by their Hugging Face names (the `TensorStore` interface), dequantized by
 `gguf.quants.dequantize` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, ...), with llama.cpp's
 q/k row permutation undone for the llama architecture (its converter interleaves the rotary
@@ -17,7 +18,7 @@ import torch
 
 from ..kernels import quant as Q
 from .config import ModelConfig, check_numbers
-from .gguf_header import check_header
+from .gguf_header import Header, read_header
 from ..errors import CheckpointError, UnsupportedModelError, WeightError
 from ..text.tokenizer import Tokenizer
 from .weights import finite
@@ -52,13 +53,11 @@ def gguf_name(hf: str, arch: str = "llama") -> str | None:
     return None
 
 
-def _reader(path: Path):
-    import gguf
-    check_header(path)  # every count against the file's size first: the reader trusts them
+def _reader(path: Path) -> Header:
     try:
-        return gguf.GGUFReader(str(path))
-    except (ValueError, OSError, IndexError, KeyError) as e:  # gguf raises ValueError on a bad magic/version
-        raise CheckpointError(f"{path}: not a readable GGUF file (wrong magic, truncated or corrupt: {e})") from None
+        return read_header(path)  # every count checked against the file's size as it is read
+    except OSError as e:
+        raise CheckpointError(f"{path}: not a readable GGUF file ({e})") from None
 
 
 class GGUFFile:
@@ -66,8 +65,8 @@ class GGUFFile:
 
     def __init__(self, path: Path):
         self.path = path
-        self.reader = _reader(path)
-        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.header = _reader(path)
+        self.tensors = {t.name: t for t in self.header.tensors}
         self.arch = self._field("general.architecture")
         if self.arch not in ARCHS:
             raise UnsupportedModelError(f"{path}: GGUF architecture {self.arch!r} is not supported "
@@ -75,14 +74,14 @@ class GGUFFile:
         self.cfg = self._config()
 
     def _field(self, key: str, default=_REQUIRED):
-        f = self.reader.fields.get(key)
-        if f is None:
+        f = self.header.fields.get(key, _REQUIRED)
+        if f is _REQUIRED:
             if default is _REQUIRED:
                 raise CheckpointError(f"{self.path}: metadata field {key!r} is missing")
             return default
         try:
-            return f.contents()
-        except UnicodeDecodeError as e:  # the reader decodes strings as UTF-8
+            return _text(f)
+        except UnicodeDecodeError as e:
             raise CheckpointError(f"{self.path}: metadata field {key!r} is not valid UTF-8 text ({e.reason} at byte "
                                   f"{e.start})") from None
 
@@ -190,7 +189,7 @@ class GGUFFile:
 
     def tokenizer(self) -> Tokenizer | None:
         """The file's tokenizer, or None when its metadata has none (prompts are then token ids)."""
-        if "tokenizer.ggml.tokens" not in self.reader.fields:
+        if "tokenizer.ggml.tokens" not in self.header.fields:
             return None
         return Tokenizer.from_gguf(self._field, self.path)
 
@@ -243,6 +242,15 @@ class GGUFFile:
         if self.arch == "llama" and g.endswith(("attn_q.weight", "attn_k.weight")):
             w = _unpermute(w, self.cfg.n_heads if g.endswith("attn_q.weight") else self.cfg.n_kv_heads)
         return w.to(dtype)
+
+
+def _text(v):
+    """A metadata value with its strings decoded as UTF-8 (lists element by element)."""
+    if isinstance(v, bytes):
+        return v.decode("utf-8")
+    if isinstance(v, list) and v and isinstance(v[0], (bytes, list)):
+        return [_text(x) for x in v]
+    return v
 
 
 def _kept_format(t) -> str | None:
