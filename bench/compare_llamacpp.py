@@ -42,18 +42,28 @@ SHAPE = dict(QWEN_05B, rms_norm_eps=1e-6, rope_theta=1000000.0, bos_token_id=1, 
 LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5,
                  rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+# Llama-3.2-1B's shape, with its RoPE scaling (llama3: written as the rope_freqs tensor, as llama.cpp's
+# converter writes it)
+LLAMA32_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                  num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                  rope_theta=500000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+                  rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                    original_max_position_embeddings=8192))
 PROMPT = [1] + list(range(300, 363))  # 64 tokens
 MIXES = ("Q4_K_M", "Q5_K_M")  # llama.cpp's per-layer mixes (llama-quantize)
 
 
-def build(folder: Path, qtypes: list[str]) -> None:
+def build(folder: Path, qtypes: list[str], shape: dict = SHAPE) -> None:
     import torch
     import transformers as tf
     torch.manual_seed(0)
-    model = tf.LlamaForCausalLM(tf.LlamaConfig(**SHAPE)).to(torch.bfloat16).eval()
-    model.save_pretrained(folder / "hf")
-    for q in qtypes:
-        write_gguf(model.state_dict(), folder / f"model-{q.lower()}.gguf", SHAPE, q)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(**shape)).to(torch.bfloat16).eval()
+    if "BF16" in qtypes:
+        model.save_pretrained(folder / "hf")
+    sd = model.state_dict()
+    del model
+    for q in _written(qtypes):
+        write_gguf(sd, folder / f"model-{q.lower()}.gguf", shape, q)
 
 
 def from_gguf(src: Path, folder: Path, qtypes: list[str]) -> dict:
@@ -178,6 +188,11 @@ def write_gguf(sd: dict, path: Path, c: dict, qtype: str = "BF16") -> None:
             bits = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
             w.add_tensor(name, bits, raw_dtype=gguf.GGMLQuantizationType.BF16)
 
+    if (c.get("rope_scaling") or {}).get("rope_type") == "llama3":  # the converter's rope_freqs tensor
+        from exactspec.model.transformer import llama3_factors
+        d = c["hidden_size"] // Hq
+        f = 1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+        w.add_tensor("rope_freqs.weight", llama3_factors(f, c["rope_scaling"]).float().numpy())
     put("token_embd.weight", sd["model.embed_tokens.weight"])
     put("output_norm.weight", sd["model.norm.weight"])
     for i in range(c["num_hidden_layers"]):
@@ -287,7 +302,9 @@ def main() -> None:
     ap.add_argument("--llama-quantize", default=None, help="llama.cpp's llama-quantize binary (for Q4_K_M, Q5_K_M)")
     ap.add_argument("--activations", nargs="+", default=["int8"], choices=["int8", "float32"],
                     help="ours, for quantized weights: int8 (integer dot products) and/or float32")
-    ap.add_argument("--shape", default="0.5b", choices=["0.5b", "7b"], help="7b: a random Llama-2-7B-shape Q4_0 file")
+    ap.add_argument("--shape", default="0.5b", choices=["0.5b", "7b", "llama3-1b"],
+                    help="7b: a random Llama-2-7B-shape Q4_0 file; llama3-1b: a random Llama-3.2-1B shape with its "
+                    "rope_freqs (BF16, then --qtype's formats)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if a.shape == "7b":
@@ -301,8 +318,12 @@ def main() -> None:
         else:
             if "FILE" in a.qtype:
                 raise SystemExit("--qtype FILE needs --gguf FILE")
-            build(Path(tmp), _written(a.qtype))
-            what = "Llama, Qwen2.5-0.5B shape, random weights, BF16"
+            if a.shape == "llama3-1b":
+                build(Path(tmp), a.qtype, LLAMA32_1B)
+                what = "Llama-3.2-1B shape with llama3 rope_freqs, random weights"
+            else:
+                build(Path(tmp), a.qtype)
+                what = "Llama, Qwen2.5-0.5B shape, random weights, BF16"
         for q in set(a.qtype) & set(MIXES):  # llama.cpp's own mix of formats per layer, from the BF16 file
             if not a.llama_quantize:
                 raise SystemExit(f"--qtype {q} needs --llama-quantize PATH")
