@@ -81,7 +81,13 @@ class ITile(FTile):
             else:
                 packed = b.load(b.bitcast(row, self.vb.as_pointer()), align=1)
                 ws = [b.and_(packed, ir.Constant(self.vb, [15] * (4 * V))), b.lshr(packed, ir.Constant(self.vb, [4] * (4 * V)))]
-                for bit in range(4, F.qbits):  # bit i of the quad's v-th uint64 in plane `bit`: byte i's bit `bit`
+                if F.pairs:  # bits 4-5: the 2-bit field of quad u in its set's v-th 64-byte vector, shifted to 4
+                    for v in range(NL // V):
+                        hp = b.gep(gb, [self.c64(F.hb_at + ((u // 4) * 2 + v) * 4 * V)])
+                        h = b.load(b.bitcast(hp, self.vb.as_pointer()), align=1)
+                        h = b.and_(b.lshr(h, ir.Constant(self.vb, [2 * (u % 4)] * (4 * V))), ir.Constant(self.vb, [3] * (4 * V)))
+                        ws[v] = b.or_(ws[v], b.shl(h, ir.Constant(self.vb, [4] * (4 * V))))
+                for bit in range(4, 4 if F.pairs else F.qbits):  # bit i of the quad's v-th uint64 in plane `bit`
                     for v in range(NL // V):
                         hp = b.gep(gb, [self.c64(F.hb_at + (bit - 4) * QK * NL // 8 + u * 2 * 8 + 8 * v)])
                         bits = b.bitcast(b.load(b.bitcast(hp, self.i64.as_pointer()), align=1),

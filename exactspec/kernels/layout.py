@@ -43,6 +43,12 @@ class Format:
         return 128 if self.name == "q8_0i" else ZERO.get(self.base, 0)
 
     @property
+    def pairs(self) -> bool:
+        """Q6_K's integer-dot layout keeps bits 4 and 5 as 2-bit fields, not as two bit planes: one shift and
+        mask per quad instead of a mask expansion per plane (below)."""
+        return self.int_dot and self.qbits == 6
+
+    @property
     def nibbles(self) -> bool:
         """4-, 5- and 6-bit quants: a plane of nibbles (5-bit: then a plane of their bit 4; 6-bit: a
         plane of bit 4, then one of bit 5)."""
@@ -90,7 +96,9 @@ _FLOAT = (Format("q8_0", 8, False), Format("q4_0", 4, False), Format("q4_1", 4, 
 # (0..255, unsigned); 4-bit: byte u*64 + 4*(j % 16) + kk holds lane j's q (0..15) in its low nibble for
 # j < 16, in its high one for j >= 16; 5-bit: those nibbles, then per quad 2 little-endian uint64s (lanes
 # 0..15, 16..31) whose bit 4*(j % 16) + kk is lane j's bit 4 (the byte order of a 64-byte vector);
-# 6-bit: those for bit 4, then as many for bit 5.
+# 6-bit: those nibbles, then bits 4 and 5 as 2-bit fields: byte ((u // 4) * 2 + j // 16) * 64 + 4 * (j % 16) + kk
+# holds in its bits 2 * (u % 4) and 2 * (u % 4) + 1 lane j's bits 4 and 5 of k = 4u + kk (4 quads per 64-byte
+# vector; the same 256 bytes as two planes).
 _INT = tuple(Format(f.name + "i", f.qbits, f.has_min, f.sub_scales, True, f.sc16) for f in _FLOAT)
 LAYOUTS = {f.name: f for f in _FLOAT + _INT}
 GROUP_BYTES = LAYOUTS["q8_0"].group_bytes  # Q8_0 weights are uint8 (nblk, K/QK, GROUP_BYTES)
