@@ -36,16 +36,16 @@ target has: speed only), `tile` (the register tile in LLVM IR), `pack` (weights 
 (pool size, serial/parallel builds).
 """
 from .attention import BLOCK, as_numpy, attention, attention_ref
-from .expf import fma_ref
-from .linear import ADD, GEGLU, STORE, SWIGLU, linear, linear_np, linear_ref
+from .expf import GEGLU, SWIGLU, fma_ref
+from .linear import ADD, STORE, linear, linear_np, linear_ref
 from .pack import PackedWeight, pack_quant, pack_weight, packed_shape
-from .rows import (cumsum, gelu_mul, gelu_mul_ref, log_softmax, qkv_rope_cache, rmsnorm, rmsnorm_np, rmsnorm_ref, rope_table, silu_mul,
+from .rows import (cumsum, gated_mul, gelu_mul, gelu_mul_ref, log_softmax, qkv_rope_cache, rmsnorm, rmsnorm_np, rmsnorm_ref, rope_table, silu_mul,
                    silu_mul_np, silu_mul_ref, softmax)
 from .threads import SERIAL_WORK, TwoBuilds, set_num_threads
 from .cpu import MR_MAX
 from .layout import NL
 
 __all__ = ["BLOCK", "as_numpy", "attention", "attention_ref", "ADD", "GEGLU", "STORE", "SWIGLU", "fma_ref", "linear", "linear_np", "linear_ref",
-           "PackedWeight", "pack_quant", "pack_weight", "packed_shape", "cumsum", "gelu_mul", "gelu_mul_ref", "log_softmax", "qkv_rope_cache", "rmsnorm",
+           "PackedWeight", "pack_quant", "pack_weight", "packed_shape", "cumsum", "gated_mul", "gelu_mul", "gelu_mul_ref", "log_softmax", "qkv_rope_cache", "rmsnorm",
            "rmsnorm_np", "rmsnorm_ref", "rope_table", "silu_mul", "silu_mul_np", "silu_mul_ref", "softmax",
            "SERIAL_WORK", "TwoBuilds", "set_num_threads", "MR_MAX", "NL"]

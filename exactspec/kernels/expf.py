@@ -104,6 +104,18 @@ def gelu32(g):
     return g / (_F(1.0) + exp32(-a))
 
 
+SWIGLU, GEGLU = 2, 3  # a gated MLP's activation (also kernels.linear's epilogue modes)
+
+
+@njit(inline="always")
+def gated(g, u, mode):
+    """act(g) * u of a gated MLP: silu, g / (1 + exp32(-g)) (SWIGLU), or gelu32 (GEGLU: Gemma). The one
+    expression of both, for linear_block's fused epilogue and rows.gated_mul alike."""
+    if mode == GEGLU:
+        return gelu32(g) * u
+    return g / (_F(1.0) + exp32(-g)) * u
+
+
 def gelu32_ref(g: torch.Tensor) -> torch.Tensor:
     """The torch twin of `gelu32`, bitwise."""
     g = g.float()

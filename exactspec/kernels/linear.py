@@ -9,7 +9,7 @@ from numba import njit, prange
 from numba.extending import overload
 
 from . import tile
-from .expf import exp32, fma_ref, gelu32
+from .expf import SWIGLU, fma_ref, gated
 from .actquant import _is_int_dot, act_buffers, acts, nrows
 from .cpu import MR_INT, MR_MAX
 from .layout import NL
@@ -19,8 +19,8 @@ from .threads import SERIAL_WORK, TwoBuilds
 
 # linear_block's epilogues: y = x @ w.T + bias; y += that (a residual); or, on interleaved gate/up
 # blocks (gate block c at 2c, up block c at 2c + 1, bias (2I,) gate then up), y = silu(gate) * up
-# with silu_mul's expression (SWIGLU), or gelu(gate) * up with gelu_mul's (GEGLU: Gemma).
-STORE, ADD, SWIGLU, GEGLU = 0, 1, 2, 3
+# (SWIGLU), or gelu(gate) * up (GEGLU: Gemma), by expf.gated as rows.gated_mul computes them.
+STORE, ADD = 0, 1  # (SWIGLU, GEGLU: expf's)
 
 
 @njit(inline="always")
@@ -71,10 +71,7 @@ def linear_block(x, w, bias, y, b, mode):
                     uv = u[m, j]
                     if bias.shape[0] > 0:
                         uv = uv + bias[y.shape[1] + n0 + j]
-                    if mode == SWIGLU:
-                        y[m0 + m, n0 + j] = v / (np.float32(1.0) + exp32(-v)) * uv
-                    else:
-                        y[m0 + m, n0 + j] = gelu32(v) * uv
+                    y[m0 + m, n0 + j] = gated(v, uv, mode)
                 elif mode == ADD:
                     y[m0 + m, n0 + j] = y[m0 + m, n0 + j] + v
                 else:

@@ -98,10 +98,12 @@ def pack_quant(w: quant.Quantized, bias: torch.Tensor | None = None, int_dot: bo
             q = q + np.uint8(128)  # int8 q + 128 as uint8 (wraps: the bits of q + 128 in 0..255)
     if F.nibbles:  # bits 4 (and 5): a plane each, one bit per quant in the layout's order; then the nibbles
         # (a k-row's byte j: lane j low, lane j + 16 high; a quad's 4 bytes of lane j in the same way)
-        planes = [np.packbits((q >> b & 1).reshape(nblk, G, -1), axis=-1, bitorder="little") for b in range(4, F.qbits)]
         if F.pairs:  # (nblk, G, quad set, quad in set, v, lane in v, k in quad) -> 2-bit fields, 4 quads a byte
             h = (q >> 4).reshape(nblk, G, 2, 4, 2, NL // 2, 4)
             planes = [sum(h[:, :, :, uu] << np.uint8(2 * uu) for uu in range(4)).astype(np.uint8).reshape(nblk, G, -1)]
+        else:
+            planes = [np.packbits((q >> b & 1).reshape(nblk, G, -1), axis=-1, bitorder="little")
+                      for b in range(4, F.qbits)]
         lo, hi = (q[..., : NL // 2, :], q[..., NL // 2:, :]) if int_dot else (q[..., : NL // 2], q[..., NL // 2:])
         q = (lo & 15) | ((hi & 15) << 4)
         if planes:

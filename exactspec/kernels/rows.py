@@ -10,7 +10,7 @@ import torch
 from numba import njit, prange
 
 from .attention import as_numpy, kv_store
-from .expf import exp32, gelu32, gelu32_ref
+from .expf import GEGLU, SWIGLU, exp32, gated, gelu32_ref
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,25 +68,33 @@ def rmsnorm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
-def _silu_mul(gu, y):
+def _gated_mul(gu, y, mode):
     M, I2 = gu.shape
     half = I2 // 2
     for m in range(M):
         for i in range(half):
-            g = gu[m, i]
-            y[m, i] = g / (np.float32(1.0) + exp32(-g)) * gu[m, half + i]
+            y[m, i] = gated(gu[m, i], gu[m, half + i], mode)
     return y
+
+
+def gated_mul_np(gu: np.ndarray, mode: int = SWIGLU) -> np.ndarray:
+    """gate_up (M, 2I) -> act(gate) * up (M, I): silu (SWIGLU) or gelu_tanh (GEGLU), by `expf.gated`."""
+    y = np.empty((gu.shape[0], gu.shape[1] // 2), np.float32)
+    if gu.shape[0]:
+        _gated_mul(gu, y, mode)
+    return y
+
+
+def gated_mul(gu: torch.Tensor, mode: int = SWIGLU) -> torch.Tensor:
+    return torch.from_numpy(gated_mul_np(gu.contiguous().numpy(), mode))
 
 
 def silu_mul_np(gu: np.ndarray) -> np.ndarray:
-    y = np.empty((gu.shape[0], gu.shape[1] // 2), np.float32)
-    if gu.shape[0]:
-        _silu_mul(gu, y)
-    return y
+    return gated_mul_np(gu, SWIGLU)
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
-    return torch.from_numpy(silu_mul_np(gu.contiguous().numpy()))
+    return gated_mul(gu, SWIGLU)
 
 
 def silu_mul_ref(gu: torch.Tensor) -> torch.Tensor:
@@ -94,22 +102,9 @@ def silu_mul_ref(gu: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(g) * u
 
 
-@njit(cache=True, nogil=True)
-def _gelu_mul(gu, y):
-    M, I2 = gu.shape
-    half = I2 // 2
-    for m in range(M):
-        for i in range(half):
-            y[m, i] = gelu32(gu[m, i]) * gu[m, half + i]
-    return y
-
-
 def gelu_mul(gu: torch.Tensor) -> torch.Tensor:
-    """GeGLU (Gemma): gate_up (M, 2I) -> gelu_tanh(gate) * up (M, I), gelu by `expf.gelu32`."""
-    y = np.empty((gu.shape[0], gu.shape[1] // 2), np.float32)
-    if gu.shape[0]:
-        _gelu_mul(gu.contiguous().numpy(), y)
-    return torch.from_numpy(y)
+    """GeGLU (Gemma): gate_up (M, 2I) -> gelu_tanh(gate) * up (M, I)."""
+    return gated_mul(gu, GEGLU)
 
 
 def gelu_mul_ref(gu: torch.Tensor) -> torch.Tensor:

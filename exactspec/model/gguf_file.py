@@ -166,15 +166,15 @@ class GGUFFile:
             cfg, act="gelu_tanh", embed_scale=float(np.sqrt(np.float32(cfg.hidden_size))), post_norms=True,
             query_scale=1.0 / float(np.sqrt(scale_dim)), rope_scaling=scaling,
             layer_windows=tuple(int(window) if w and window else 0 for w in windowed),
-            rope_local_theta=float(self._field(f"{a}.rope.freq_base_swa", 10000.0)), tie_word_embeddings=
-            "output.weight" not in self.tensors)
+            rope_local_theta=float(self._field(f"{a}.rope.freq_base_swa", 10000.0)))
 
     def _eos_ids(self, eos, tokens) -> tuple[int, ...]:
         """The file's EOS, and for Gemma the end of a chat turn (<end_of_turn>, as its generation config and
         llama.cpp's end-of-generation tokens have it)."""
         ids = () if eos is None else (int(eos),)
         if self.arch == "gemma3" and tokens and "<end_of_turn>" in tokens:
-            ids += tuple(i for i in (list(tokens).index("<end_of_turn>"),) if i not in ids)
+            turn = tokens.index("<end_of_turn>")
+            ids += () if turn in ids else (turn,)
         return ids
 
     def _rope_freqs(self) -> dict | None:

@@ -88,21 +88,15 @@ class _Cursor:
         raise self.fail(f"metadata field {what!r}: unknown value type {vtype}")
 
 
-def check_header(path: Path) -> None:
-    """CheckpointError naming the field if any count or length in `path`'s header cannot be true."""
-    read_header(path, tensors=False)
-
-
-def read_header(path: Path, tensors: bool = True) -> Header:
-    """The checked header of `path`, its tensors as views of a read-only memory map of the file."""
+def read_header(path: Path) -> Header:
+    """The checked header of `path` (CheckpointError naming the field if any count or length in it cannot be
+    true), its tensors as views of a read-only memory map of the file."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             fields, infos, start = _check(_Cursor(buf, path), GGML_QUANT_SIZES, GGMLQuantizationType)
     except ValueError as e:  # an empty file cannot be mapped
         raise CheckpointError(f"{path}: not a readable GGUF file ({e})") from None
-    if not tensors:
-        return Header(fields, [])
     data = np.memmap(path, np.uint8, mode="r")
     out = []
     for name, dims, t, offset, nbytes in infos:

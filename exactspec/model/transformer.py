@@ -241,8 +241,7 @@ class Transformer:
             x = x + post(K.linear(a.reshape(R, Hq * D), L.wo), L.post_attn_norm)
             h = K.rmsnorm(x, L.mlp_norm, eps)
             gu = torch.cat([K.linear(h, L.w_gate), K.linear(h, L.w_up)], 1)  # (R, 2I)
-            act = K.gelu_mul(gu) if self.gated == K.GEGLU else K.silu_mul(gu)
-            x = x + post(K.linear(act, L.w_down), L.post_mlp_norm)
+            x = x + post(K.linear(K.gated_mul(gu, self.gated), L.w_down), L.post_mlp_norm)
         if hidden is not None:
             hidden[:] = K.rmsnorm(x, self.norm, c.rms_norm_eps).numpy()
         if out_rows is not None:
