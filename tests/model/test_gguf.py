@@ -392,3 +392,19 @@ def test_bad_gemma3_gguf_keys_are_named(tmp_path):
         w.close()
         with pytest.raises(CheckpointError, match=needle):
             exactspec.load(tmp_path / "p.gguf")
+
+
+@pytest.mark.parametrize("old,new,needle", [
+    (b"llama.attention.key_length", b"llama.attention.head_count", r"metadata field 'llama\.attention\.head_count' "
+                                                                   r"appears twice"),
+    (b"blk.0.attn_k.weight", b"blk.0.attn_q.weight", r"tensor 'blk\.0\.attn_q\.weight' appears twice"),
+])
+def test_a_key_or_tensor_named_twice_is_refused_by_name(tmp_path, old, new, needle):
+    """The header reader keeps one value per key and one tensor per name: a second one is a named error, never
+    a silent choice between the two."""
+    path = write_gguf(random_model("llama"), tmp_path / "m.gguf")
+    raw = path.read_bytes()
+    assert raw.count(old) == 1
+    (tmp_path / "dup.gguf").write_bytes(raw.replace(old, new))
+    with pytest.raises(CheckpointError, match=needle):
+        exactspec.load(tmp_path / "dup.gguf")
