@@ -2,7 +2,7 @@
 quantized by both), side by side in one run, 2 threads each.
 
     python bench/compare_llamacpp.py --llama-bench PATH [--tokens 64] [--repeat 3] [--gguf FILE] \
-        [--qtype BF16 Q8_0 Q4_0 Q4_1 FILE] [--activations int8 float32] [--shape 0.5b|7b]
+        [--qtype BF16 Q8_0 Q4_0 Q4_1 FILE] [--activations int8 float32] [--shape 0.5b|7b|llama3-1b|qwen3moe]
 
 The peer is llama.cpp's own `llama-bench` binary (--llama-bench; build it from the llama-cpp-python
 sdist's vendor/llama.cpp, see bench/README or the closing notes: `pip download llama-cpp-python==0.3.36
@@ -20,6 +20,10 @@ Q4_K_M, Q5_K_M: llama.cpp's own mixes of formats per layer, made from the BF16 f
 `llama-quantize` binary (--llama-quantize; built with the target llama-quantize as llama-bench is).
 --shape 7b: a Llama-2-7B-shape Q4_0 file (32 layers, hidden 4096, intermediate 11008, vocabulary
 32000) written directly as random valid blocks (no float weights), both sides reading it.
+--shape qwen3moe: a mixture of experts in Qwen3-30B-A3B's shape scaled to these machines (12 layers,
+hidden 2048, 32/4 heads of 128, 64 experts of 768, 8 per token, vocabulary 32000), written directly as
+random valid blocks in llama.cpp's Q4_K_M mix (Q4_K, Q6_K for attn_v and ffn_down_exps in its
+more-bits layers and the head, the router in F32).
 Each side runs in its own process, one after the other (their thread pools spin after each call and
 would steal each other's cores): prompt processing of a 64-token prompt (tokens/s) and greedy
 generation (tokens/s), median of --repeat runs; for ours also the verify cost forward(k)/forward(1)
@@ -49,6 +53,11 @@ LLAMA32_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, n
                   rope_theta=500000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
                   rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                     original_max_position_embeddings=8192))
+# Qwen3-30B-A3B (48 layers, 128 experts) scaled to 2 cores and ~2 GB: its hidden size, heads, expert size and
+# experts per token; a quarter of its layers, half its experts, a placeholder vocabulary
+QWEN3_MOE = dict(vocab_size=32000, hidden_size=2048, num_hidden_layers=12, num_attention_heads=32,
+                 num_key_value_heads=4, head_dim=128, num_experts=64, num_experts_per_tok=8,
+                 moe_intermediate_size=768, max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0)
 PROMPT = [1] + list(range(300, 363))  # 64 tokens
 MIXES = ("Q4_K_M", "Q5_K_M")  # llama.cpp's per-layer mixes (llama-quantize)
 
@@ -135,18 +144,65 @@ def random_q4_0(folder: Path) -> None:
     w.close()
 
 
-def _writer(path: Path, c: dict, qtype: str):
-    """A GGUFWriter with the llama metadata of shape c and a placeholder vocabulary."""
+def random_moe(folder: Path) -> None:
+    """model-q4_k_m.gguf in QWEN3_MOE's shape: random valid Q4_K / Q6_K blocks (tools.testing's), as llama.cpp's
+    Q4_K_M mix lays them out (Q6_K: attn_v and ffn_down_exps in its more-bits layers, and the head), the
+    router random F32, norms 1."""
+    import gguf
+    import numpy as np
+    from exactspec.tools.testing import q4_k_blocks, q6_k_blocks
+    c = QWEN3_MOE
+    T = gguf.GGMLQuantizationType
+    w = _writer(folder / "model-q4_k_m.gguf", c, "Q4_K_M", arch="qwen3moe")
+    H, E, I, D, L = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"], c["head_dim"], c["num_hidden_layers"]
+    w.add_key_length(D)
+    w.add_value_length(D)
+    w.add_expert_count(E)
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(I)
+    seed = iter(range(10**6))
+
+    def put(name: str, shape: tuple, q6: bool = False) -> None:
+        n, k = int(np.prod(shape[:-1])), shape[-1]
+        b = (q6_k_blocks if q6 else q4_k_blocks)(n, k, seed=next(seed))
+        w.add_tensor(name, b.reshape(shape[:-1] + (-1,)), raw_dtype=T.Q6_K if q6 else T.Q4_K)
+
+    def more_bits(i: int) -> bool:  # llama.cpp's use_more_bits: the first and last eighth, every third between
+        return i < L // 8 or i >= 7 * L // 8 or (i - L // 8) % 3 == 2
+    rng = np.random.default_rng(0)
+    put("token_embd.weight", (c["vocab_size"], H))
+    w.add_tensor("output_norm.weight", np.ones(H, np.float32))
+    put("output.weight", (c["vocab_size"], H), q6=True)
+    for i in range(L):
+        b = f"blk.{i}."
+        for name, n in (("attn_norm", H), ("ffn_norm", H), ("attn_q_norm", D), ("attn_k_norm", D)):
+            w.add_tensor(b + name + ".weight", np.ones(n, np.float32))
+        put(b + "attn_q.weight", (c["num_attention_heads"] * D, H))
+        put(b + "attn_k.weight", (c["num_key_value_heads"] * D, H))
+        put(b + "attn_v.weight", (c["num_key_value_heads"] * D, H), q6=more_bits(i))
+        put(b + "attn_output.weight", (H, c["num_attention_heads"] * D))
+        w.add_tensor(b + "ffn_gate_inp.weight", rng.standard_normal((E, H), np.float32) * np.float32(0.05))
+        put(b + "ffn_gate_exps.weight", (E, I, H))
+        put(b + "ffn_up_exps.weight", (E, I, H))
+        put(b + "ffn_down_exps.weight", (E, H, I), q6=more_bits(i))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _writer(path: Path, c: dict, qtype: str, arch: str = "llama"):
+    """A GGUFWriter with the metadata of shape c and a placeholder vocabulary."""
     import gguf
     H, Hq, Hkv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(H)
     w.add_block_count(c["num_hidden_layers"])
-    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_feed_forward_length(c.get("intermediate_size", c.get("moe_intermediate_size")))
     w.add_head_count(Hq)
     w.add_head_count_kv(Hkv)
-    w.add_rope_dimension_count(H // Hq)
+    w.add_rope_dimension_count(c.get("head_dim", H // Hq))
     w.add_rope_freq_base(c["rope_theta"])
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
     w.add_file_type(getattr(gguf.LlamaFileType, "MOSTLY_" + qtype))
@@ -302,15 +358,19 @@ def main() -> None:
     ap.add_argument("--llama-quantize", default=None, help="llama.cpp's llama-quantize binary (for Q4_K_M, Q5_K_M)")
     ap.add_argument("--activations", nargs="+", default=["int8"], choices=["int8", "float32"],
                     help="ours, for quantized weights: int8 (integer dot products) and/or float32")
-    ap.add_argument("--shape", default="0.5b", choices=["0.5b", "7b", "llama3-1b"],
+    ap.add_argument("--shape", default="0.5b", choices=["0.5b", "7b", "llama3-1b", "qwen3moe"],
                     help="7b: a random Llama-2-7B-shape Q4_0 file; llama3-1b: a random Llama-3.2-1B shape with its "
-                    "rope_freqs (BF16, then --qtype's formats)")
+                    "rope_freqs (BF16, then --qtype's formats); qwen3moe: a random Qwen3-30B-A3B-like Q4_K_M file")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if a.shape == "7b":
             a.qtype = ["Q4_0"]
             random_q4_0(Path(tmp))
             what = "Llama-2-7B shape, random valid Q4_0 blocks"
+        elif a.shape == "qwen3moe":
+            a.qtype = ["Q4_K_M"]
+            random_moe(Path(tmp))
+            what = "Qwen3-MoE (30B-A3B-like: 12 layers, 64 experts, 8 per token), random valid Q4_K_M blocks"
         elif a.gguf:
             shape = from_gguf(Path(a.gguf), Path(tmp), _written(a.qtype))
             what = (f"{Path(a.gguf).name}{' as it is' if _written(a.qtype) == ['FILE'] else ' dequantized to BF16'} "
@@ -324,7 +384,7 @@ def main() -> None:
             else:
                 build(Path(tmp), a.qtype)
                 what = "Llama, Qwen2.5-0.5B shape, random weights, BF16"
-        for q in set(a.qtype) & set(MIXES):  # llama.cpp's own mix of formats per layer, from the BF16 file
+        for q in set(a.qtype) & set(MIXES) if a.shape != "qwen3moe" else ():  # llama.cpp's mix, from the BF16 file
             if not a.llama_quantize:
                 raise SystemExit(f"--qtype {q} needs --llama-quantize PATH")
             subprocess.run([a.llama_quantize, str(Path(tmp) / "model-bf16.gguf"), str(Path(tmp) / f"model-{q.lower()}.gguf"),

@@ -34,10 +34,15 @@ from .text.stream import tokens_through_stop
 FORMAT = "exactspec-receipt/1"
 # The version of the kernels' arithmetic. Bump it with every change to their golden record
 # (tests/kernels/golden.json), and add its sha256 here: tests/test_receipt.py fails otherwise.
-NUMERICS_VERSION = 1
+NUMERICS_VERSION = 2
 GOLDEN_SHA256 = {  # version -> the golden record's sha256 (append-only)
     1: "d93774562957b2c52fee38b62baeb3f06c5988f7366188f39e5b247676a4b195",
+    2: "4e0d189283ee9763adf112c01f4203243bc278693b43a00df44e3d1cb5246b9f",  # + Gemma 3, Qwen3-MoE models
 }
+# Earlier versions whose every record this version reproduces unchanged (it only added records: new
+# architectures): their receipts replay here. tests/test_receipt.py proves it from their frozen records
+# (tests/kernels/golden_vN.json); a change to an existing record leaves this empty.
+COMPATIBLE = (1,)
 _WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "config.json")
 
 
@@ -186,7 +191,7 @@ def verify(model: Any, receipt: dict) -> Verdict:
     for key in ("sha256", "tokenizer_sha256", "weights", "activations", "kv_dtype"):
         if want.get(key) != have[key]:
             problems.append(f"model {key}: the receipt's {want.get(key)!r}, this model's {have[key]!r}")
-    if receipt.get("numerics") != NUMERICS_VERSION:
+    if receipt.get("numerics") != NUMERICS_VERSION and receipt.get("numerics") not in COMPATIBLE:
         problems.append(f"numerics version: the receipt's {receipt.get('numerics')!r}, this exactspec's "
                         f"{NUMERICS_VERSION} (a replay may differ where the kernels' arithmetic changed)")
     firsts: list[int | None] = []

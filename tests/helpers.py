@@ -2,7 +2,7 @@
 import subprocess
 import sys
 
-ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3", "gemma3"]  # the tiny random checkpoints conftest's ckpt makes
+ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3", "gemma3", "qwen3moe"]  # the tiny random checkpoints conftest's ckpt makes
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

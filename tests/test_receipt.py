@@ -22,6 +22,17 @@ def test_the_numerics_version_names_the_golden_record():
     assert len(set(receipt.GOLDEN_SHA256.values())) == len(receipt.GOLDEN_SHA256)
 
 
+def test_a_compatible_version_is_one_whose_records_are_all_kept():
+    """A version listed in COMPATIBLE: its frozen record (golden_vN.json, checked by its sha256) is contained,
+    value for value, in today's; so every model it covered computes today what it computed then."""
+    now = json.loads(GOLDEN.read_text())
+    for v in receipt.COMPATIBLE:
+        frozen = GOLDEN.with_name(f"golden_v{v}.json").read_bytes()
+        assert hashlib.sha256(frozen).hexdigest() == receipt.GOLDEN_SHA256[v], v
+        old = json.loads(frozen)
+        assert {k: now.get(k) for k in old} == old, f"version {v}'s records changed: remove it from COMPATIBLE"
+
+
 @pytest.fixture(scope="module")
 def model(ckpt):
     return exactspec.load(ckpt("llama"))
@@ -62,6 +73,11 @@ def test_a_tampered_receipt_fails_at_the_position_tampered(model):
     other = json.loads(json.dumps(rec))
     other["model"]["sha256"] = "0" * 64
     assert any(p.startswith("model sha256") for p in receipt.verify(model, other).problems)
+    for version, ok in ((1, True), (receipt.NUMERICS_VERSION, True), (receipt.NUMERICS_VERSION + 1, False), (0, False)):
+        other = json.loads(json.dumps(rec))  # a compatible earlier version replays; another one is named
+        other["numerics"] = version
+        v = receipt.verify(model, other)
+        assert v.identical == ok and any(p.startswith("numerics version") for p in v.problems) != ok, version
 
 
 def test_the_cli_writes_and_verifies_receipts(ckpt, tmp_path, capsys):

@@ -14,17 +14,18 @@ SUPPORTED = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
+    "Qwen3MoeForCausalLM": "qwen3moe",
 }
 # Gemma 3's text model under its model_type (a Gemma3ForConditionalGeneration folder is not this)
-MODEL_TYPES = {"gemma3_text": "gemma3"}
+MODEL_TYPES = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe"}
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str  # "llama" | "mistral" | "qwen2" | "qwen3" | "gemma3"
+    arch: str  # "llama" | "mistral" | "qwen2" | "qwen3" | "gemma3" | "qwen3moe"
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int  # the gated MLP's size; a mixture of experts': each expert's
     n_layers: int
     n_heads: int
     n_kv_heads: int
@@ -52,6 +53,11 @@ class ModelConfig:
     query_scale: float | None = None  # attention score scale; None: 1 / sqrt(head_dim)
     layer_windows: tuple[int, ...] | None = None  # each layer's sliding window (0: global); None: sliding_window
     rope_local_theta: float | None = None  # the RoPE base of windowed layers (their own, unscaled); None: rope_theta
+    # a mixture of experts in every layer's MLP (Qwen3-MoE): how many, how many each row takes (the top k of
+    # the router's softmax, ties to the lower index), and whether their weights are divided by their sum
+    n_experts: int = 0
+    n_experts_used: int = 0
+    norm_topk: bool = False
 
     def windows(self) -> tuple[int, ...]:
         """Each layer's sliding window (0: the whole prefix)."""
@@ -105,6 +111,9 @@ def check_numbers(cfg: ModelConfig, where: str, keys: dict[str, str] = HF_KEYS) 
         raise bad("layer_windows", cfg.layer_windows, f"expected {cfg.n_layers} windows (one per layer), each >= 0")
     if cfg.query_scale is not None and not (math.isfinite(cfg.query_scale) and cfg.query_scale > 0):
         raise bad("query_scale", cfg.query_scale, "expected a finite number > 0")
+    if cfg.n_experts and not 1 <= cfg.n_experts_used <= cfg.n_experts:
+        raise bad("n_experts_used", cfg.n_experts_used, f"expected 1 .. {keys.get('n_experts', 'n_experts')} "
+                  f"({cfg.n_experts}) experts per token")
     if cfg.head_dim < 2 or cfg.head_dim % 2:
         raise bad("head_dim", cfg.head_dim, "expected an even head size >= 2 (RoPE rotates halves)")
     return cfg
@@ -183,10 +192,13 @@ def load_config(folder: Path) -> ModelConfig:
         scaling = {"linear": num("factor", float, src=rope)}
     elif rope_type != "default":
         raise UnsupportedModelError(f"{path}: rope type {rope_type!r} is not supported (default, llama3)")
-    if arch in ("qwen2", "qwen3") and c.get("use_sliding_window"):
+    moe = _qwen3moe(c, path, num) if arch == "qwen3moe" else {}
+    if arch in ("qwen2", "qwen3", "qwen3moe") and c.get("use_sliding_window"):
         raise UnsupportedModelError(f"{path}: use_sliding_window=true (per-layer windows) is not supported")
     window = num("sliding_window", int, None) if arch == "mistral" else None
     sizes = {k: num(k) for k in ("vocab_size", "intermediate_size", "num_hidden_layers")}
+    if moe:
+        sizes["intermediate_size"] = moe.pop("intermediate_size")
     bad = next((k for k, v in {**sizes, "hidden_size": hidden, "num_attention_heads": n_heads}.items() if v < 1
                 and k != "num_hidden_layers"), None)
     if bad:
@@ -210,12 +222,30 @@ def load_config(folder: Path) -> ModelConfig:
         qkv_bias=arch == "qwen2" or attention_bias,
         o_bias=arch != "qwen2" and attention_bias,
         mlp_bias=num("mlp_bias", bool, False),
-        qk_norm=arch in ("qwen3", "gemma3"),
+        qk_norm=arch in ("qwen3", "gemma3", "qwen3moe"),
         sliding_window=window or None,
         eos_token_ids=token_ids(c.get("eos_token_id"), f"{path}: field 'eos_token_id'"),
         bos_token_id=bos,
-        **gemma,
-    ), str(path))
+        **gemma, **moe,
+    ), str(path), {**HF_KEYS, "n_experts_used": "num_experts_per_tok", "n_experts": "num_experts"})
+
+
+def _qwen3moe(c: dict, path: Path, num) -> dict:
+    """Qwen3-MoE's fields: experts in every layer (a dense MLP in some layers, mlp_only_layers or a
+    decoder_sparse_step above 1, is refused: no published Qwen3-MoE has one), each of moe_intermediate_size."""
+    n = num("num_experts", int, None)
+    n = num("num_local_experts", int) if n is None else n  # transformers 5 writes this name
+    if n < 1:
+        raise CheckpointError(f"{path}: field 'num_experts' is {n}; a mixture of experts needs at least one")
+    if num("decoder_sparse_step", int, 1) != 1 or c.get("mlp_only_layers"):
+        raise UnsupportedModelError(f"{path}: dense MLP layers among the experts (decoder_sparse_step="
+                                    f"{c.get('decoder_sparse_step')!r}, mlp_only_layers={c.get('mlp_only_layers')!r}) "
+                                    "are not supported (experts in every layer)")
+    size = num("moe_intermediate_size")
+    if size < 1:
+        raise CheckpointError(f"{path}: field 'moe_intermediate_size' must be >= 1")
+    return {"n_experts": n, "n_experts_used": num("num_experts_per_tok"), "intermediate_size": size,
+            "norm_topk": num("norm_topk_prob", bool, False)}
 
 
 def _gemma3(c: dict, path: Path, num) -> dict:

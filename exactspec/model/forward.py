@@ -11,6 +11,10 @@ is computed:
   (`kernels.linear.linear_block`, mode SWIGLU).
 Gemma 3 (cfg.post_norms) stores o-proj and down-proj apart instead, RMS-norms them, then adds them
 to the residual (as `x + rmsnorm(linear(a))`); its windowed layers read their own RoPE table.
+A mixture of experts (Qwen3-MoE) routes each row (kernels/moe.py), runs each expert on the rows that
+chose it (a row's bits do not depend on which other rows share the call: every kernel is row-invariant),
+and adds each row's expert outputs times their weights to zero in expert-index order, then to the
+residual (`_experts`, as `Transformer._experts_ref`).
 Threads (prange) split output blocks of each linear and (row, head) pairs of attention, never one
 reduction, so the result does not depend on the thread count; the serial build (small calls)
 compiles the same source.
@@ -27,6 +31,7 @@ from ..kernels.attention import attend_task, attention_tasks
 from ..kernels.layout import LAYOUTS, NL, QK
 from ..kernels.actquant import act_buffers, acts
 from ..kernels.linear import ADD, STORE, SWIGLU, linear_block
+from ..kernels.moe import route_into
 from ..kernels.pack import PackedWeight
 from ..kernels.rows import qkv_rope_cache_into, rmsnorm_into
 from ..kernels.threads import TwoBuilds
@@ -178,12 +183,14 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
     # outputs of wqkv (all of q, k, v unless v is apart: wv), eps, scale, window, threads (the pool's size:
     # how attention's tasks are cut, speed only), the gated MLP's mode (SWIGLU or GEGLU), the embedding's
     # scale (0: none), each layer's window (L,) (0: none) and RoPE table (L,); cache: the RoPE tables
-    # (T, C, D) each, the block table (S, NB) and the paged K/V cache.
+    # (T, C, D) each, the block table (S, NB) and the paged K/V cache. A mixture of experts: dims ends with
+    # their count E (0: a dense MLP), how many a row takes and whether their weights are normalized;
+    # wgu and wdown hold layer i's expert e at i * E + e, wr the routers.
     tokens, slot, pos, out_rows, x_in = rows
     embed, norm, head = top
     (attn_norm, wqkv, bqkv, wv, bv, q_norm, k_norm, wo, bo, mlp_norm, wgu, bgu, wdown, bdown, post_attn,
-     post_mlp) = layers
-    Hq, Hkv, D, I, nqk, eps, scale, threads, gated, embed_scale, windows, rope_of = dims
+     post_mlp, wr, br) = layers
+    Hq, Hkv, D, I, nqk, eps, scale, threads, gated, embed_scale, windows, rope_of, E, k_used, norm_topk = dims
     cos, sin, table, kc, vc = cache
     R = tokens.shape[0]
     H = norm.shape[0]
@@ -197,7 +204,7 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
                 for c in range(H):
                     x[r, c] = x[r, c] * embed_scale
     post = post_attn.shape[1] > 0
-    o = np.empty((R, H) if post else (0, H), np.float32)  # Gemma: o-proj / down-proj apart, then normed
+    o = np.empty((R, H) if post or E else (0, H), np.float32)  # Gemma: o-proj / down-proj apart, then normed
     L = attn_norm.shape[0]
     nqkv = (Hq + 2 * Hkv) * D
     h = np.empty((R, H), np.float32)
@@ -226,6 +233,13 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
         else:
             _linear_layer(acts(a, wo[0], ab), wo, i, bo[i], x, ADD)
         rmsnorm_into(x, mlp_norm[i], eps, h)
+        if E:
+            _experts(h, wr, br, wgu, bgu, wdown, bdown, i, E, k_used, norm_topk, gated, I, ab, o)
+            if post:
+                _add_normed(x, o, post_mlp[i], eps)
+            else:
+                _add(x, o)
+            continue
         _linear_layer(acts(h, wgu[0], ab), wgu, i, bgu[i], act, gated)
         if post:
             _linear_layer(acts(act, wdown[0], ab), wdown, i, bdown[i], o, STORE)
@@ -247,12 +261,55 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
 
 
 @njit(inline="always")
-def _add_normed(x, o, w, eps):
-    # x += rmsnorm(o) * w, row by row (o normed in place: rmsnorm's row writes y[i] after reading x[i])
-    rmsnorm_into(o, w, eps, o)
+def _add(x, o):
     for r in range(x.shape[0]):
         for c in range(x.shape[1]):
             x[r, c] = x[r, c] + o[r, c]
+
+
+@njit(inline="always")
+def _add_normed(x, o, w, eps):
+    # x += rmsnorm(o) * w, row by row (o normed in place: rmsnorm's row writes y[i] after reading x[i])
+    rmsnorm_into(o, w, eps, o)
+    _add(x, o)
+
+
+@njit(inline="always")
+def _experts(h, wr, br, wgu, bgu, wdown, bdown, i, E, k, norm_topk, gated, I, ab, y):
+    # Layer i's mixture of experts on the normed rows h -> y: the router's logits, each row's top k
+    # (route_into), then expert by expert in index order: its rows gathered, its gated MLP, and
+    # y[r] += out * weight for each of them (y from zero: each row's sum in expert-index order).
+    R, H = h.shape
+    logits = np.empty((R, E), np.float32)
+    _linear_layer(acts(h, wr[0], ab), wr, i, br[i], logits, STORE)
+    idx = np.empty((R, k), np.int64)
+    wts = np.empty((R, k), np.float32)
+    route_into(logits, k, norm_topk, idx, wts)
+    y[:] = 0.0
+    rows = np.empty(R, np.int64)
+    rw = np.empty(R, np.float32)
+    for e in range(E):
+        n = 0
+        for r in range(R):
+            for j in range(k):
+                if idx[r, j] == e:
+                    rows[n] = r
+                    rw[n] = wts[r, j]
+                    n += 1
+        if n == 0:
+            continue
+        he = np.empty((n, H), np.float32)
+        for j in range(n):
+            he[j] = h[rows[j]]
+        u = i * E + e
+        act = np.empty((n, I), np.float32)
+        _linear_layer(acts(he, wgu[0], ab), wgu, u, bgu[u], act, gated)
+        out = np.empty((n, H), np.float32)
+        _linear_layer(acts(act, wdown[0], ab), wdown, u, bdown[u], out, STORE)
+        for j in range(n):
+            r = rows[j]
+            for c in range(H):
+                y[r, c] = y[r, c] + out[j, c] * rw[j]
 
 
 _FORWARD = TwoBuilds(_forward, calls={"_linear_layer": _LINEAR_LAYER})
@@ -273,7 +330,8 @@ class Weights(NamedTuple):
 class Shape(NamedTuple):
     """The attention's shape: query heads, KV heads, head size, RMS epsilon, score scale, each layer's
     sliding window (L,) int64 (0: none) and RoPE table (L,) int64 (an index into Weights.cos/sin); the gated
-    MLP's mode (linear.SWIGLU or GEGLU), the embedding's scale (0: none)."""
+    MLP's mode (linear.SWIGLU or GEGLU), the embedding's scale (0: none); a mixture of experts': their
+    count (0: none), how many each row takes, whether their weights are divided by their sum."""
     n_heads: int
     n_kv_heads: int
     head_dim: int
@@ -283,6 +341,9 @@ class Shape(NamedTuple):
     rope_of: np.ndarray
     gated: int = SWIGLU
     embed_scale: float = 0.0
+    experts: int = 0
+    experts_used: int = 0
+    norm_topk: bool = False
 
 
 class RowSet(NamedTuple):
@@ -307,7 +368,7 @@ def forward(w: Weights, shape: Shape, rows: RowSet, cache: CacheView, x_in: np.n
     x_in (R, H) float32: the rows to start from in place of the tokens' embeddings; hidden (R, H)
     float32: filled with every row's final-normed state."""
     st, embed, norm, head, cos, sin = w
-    Hq, Hkv, D, eps, scale, windows, rope_of, gated, embed_scale = shape
+    Hq, Hkv, D, eps, scale, windows, rope_of, gated, embed_scale, E, k_used, norm_topk = shape
     tokens, slot, pos, out_rows = rows
     table, kc, vc = cache
     logits = np.empty((out_rows.shape[0], head.n), np.float32)
@@ -317,6 +378,6 @@ def forward(w: Weights, shape: Shape, rows: RowSet, cache: CacheView, x_in: np.n
     x_in = np.empty((0, H), np.float32) if x_in is None else x_in
     hidden = np.empty((0, H), np.float32) if hidden is None else hidden
     dims = (Hq, Hkv, D, st.shapes["w_down"][1], st.shapes["wqkv"][0], np.float32(eps), np.float32(scale),
-            get_num_threads(), gated, np.float32(embed_scale), windows, rope_of)
+            get_num_threads(), gated, np.float32(embed_scale), windows, rope_of, E, k_used, norm_topk)
     return _FORWARD.run(tokens.shape[0] * (st.work + head.n * head.k), SERIAL_FORWARD, (tokens, slot, pos, out_rows, x_in),
                         (embed, norm, head.data), st.layers, dims, (cos, sin, table, kc, vc), logits, hidden)

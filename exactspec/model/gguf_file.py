@@ -23,7 +23,7 @@ from ..errors import CheckpointError, UnsupportedModelError, WeightError
 from ..text.tokenizer import Tokenizer
 from .weights import finite
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe")
 _REQUIRED = object()  # _field's default: a missing field is an error
 
 _LAYER = {  # HF name inside model.layers.{i}. -> GGUF name inside blk.{i}.
@@ -36,7 +36,10 @@ _LAYER = {  # HF name inside model.layers.{i}. -> GGUF name inside blk.{i}.
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",  # a mixture of experts' router
 }
+# a mixture of experts: expert e's weight is slice e of one (E, N, K) tensor per layer and kind
+_EXPERTS = {"gate_proj": "ffn_gate_exps.weight", "up_proj": "ffn_up_exps.weight", "down_proj": "ffn_down_exps.weight"}
 _GEMMA3 = {**_LAYER, "post_attention_layernorm.weight": "post_attention_norm.weight",
            "pre_feedforward_layernorm.weight": "ffn_norm.weight", "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
@@ -44,13 +47,23 @@ _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "
 
 
 def gguf_name(hf: str, arch: str = "llama") -> str | None:
+    return locate(hf, arch)[0]
+
+
+def locate(hf: str, arch: str = "llama") -> tuple[str | None, int | None]:
+    """The GGUF tensor holding the HF tensor `hf`, and the expert's index in it (None: the whole tensor)."""
     if hf in _TOP:
-        return _TOP[hf]
+        return _TOP[hf], None
     layer = _GEMMA3 if arch == "gemma3" else _LAYER
     parts = hf.split(".", 3)  # model, layers, i, rest
-    if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in layer:
-        return f"blk.{parts[2]}.{layer[parts[3]]}"
-    return None
+    if len(parts) != 4 or parts[:2] != ["model", "layers"]:
+        return None, None
+    if parts[3] in layer:
+        return f"blk.{parts[2]}.{layer[parts[3]]}", None
+    sub = parts[3].split(".")  # mlp, experts, e, gate_proj, weight
+    if len(sub) == 5 and sub[:2] == ["mlp", "experts"] and sub[2].isdigit() and sub[3] in _EXPERTS and sub[4] == "weight":
+        return f"blk.{parts[2]}.{_EXPERTS[sub[3]]}", int(sub[2])
+    return None, None
 
 
 def _reader(path: Path) -> Header:
@@ -116,7 +129,8 @@ class GGUFFile:
                 "head_dim": f"{a}.attention.key_length", "rms_norm_eps": f"{a}.attention.layer_norm_rms_epsilon",
                 "rope_theta": f"{a}.rope.freq_base"}
         cfg = ModelConfig(
-            arch=a, vocab_size=vocab, hidden_size=hidden, intermediate_size=self._count(f"{a}.feed_forward_length"),
+            arch=a, vocab_size=vocab, hidden_size=hidden,
+            intermediate_size=self._count(f"{a}.feed_forward_length", 1 if a == "qwen3moe" else _REQUIRED),
             n_layers=n_layers, n_heads=n_heads,
             n_kv_heads=self._count(f"{a}.attention.head_count_kv", n_heads),
             head_dim=self._count(f"{a}.attention.key_length", hidden // n_heads),
@@ -128,6 +142,9 @@ class GGUFFile:
             mlp_bias="blk.0.ffn_up.bias" in self.tensors, qk_norm="blk.0.attn_q_norm.weight" in self.tensors,
             sliding_window=None, eos_token_ids=self._eos_ids(eos, tokens),
             bos_token_id=self._field("tokenizer.ggml.bos_token_id", None))
+        if a == "qwen3moe":
+            cfg = self._qwen3moe(cfg)
+            keys = {**keys, "n_experts_used": f"{a}.expert_used_count", "n_experts": f"{a}.expert_count"}
         if a == "gemma3":
             cfg = self._gemma3(cfg, scaling_type)
             keys = {**keys, "layer_windows": f"{a}.attention.sliding_window_pattern",
@@ -168,6 +185,19 @@ class GGUFFile:
             layer_windows=tuple(int(window) if w and window else 0 for w in windowed),
             rope_local_theta=float(self._field(f"{a}.rope.freq_base_swa", 10000.0)))
 
+    def _qwen3moe(self, cfg: ModelConfig) -> ModelConfig:
+        """Qwen3-MoE as llama.cpp reads it: expert_count experts of expert_feed_forward_length, expert_used_count
+        per token, their weights divided by their sum (llama.cpp's qwen3moe graph does; expert_weights_norm
+        where a file says otherwise)."""
+        import dataclasses
+        a = self.arch
+        used = self._field(f"{a}.expert_used_count")
+        if isinstance(used, bool) or not isinstance(used, (int, np.integer)):
+            raise CheckpointError(f"{self.path}: metadata field '{a}.expert_used_count' is {used!r}, expected an integer")
+        return dataclasses.replace(cfg, n_experts=self._count(f"{a}.expert_count"), n_experts_used=int(used),
+                                   intermediate_size=self._count(f"{a}.expert_feed_forward_length"),
+                                   norm_topk=bool(self._field(f"{a}.expert_weights_norm", True)))
+
     def _eos_ids(self, eos, tokens) -> tuple[int, ...]:
         """The file's EOS, and for Gemma the end of a chat turn (<end_of_turn>, as its generation config and
         llama.cpp's end-of-generation tokens have it)."""
@@ -199,23 +229,25 @@ class GGUFFile:
         return g is not None and g in self.tensors
 
     def _tensor(self, name: str, shape: tuple[int, ...]):
-        g = gguf_name(name, self.arch)
+        """The GGUF tensor `name` is (or is slice `e` of: an expert's), its shape checked: (g, t, data)."""
+        g, e = locate(name, self.arch)
         t = self.tensors.get(g) if g else None
         if t is None:
             raise WeightError(f"{self.path}: tensor {g or name!r} ({name}) is missing from the GGUF file")
         logical = tuple(int(d) for d in reversed(t.shape.tolist()))  # ggml lists the fastest dimension first
-        if logical != tuple(shape):
-            raise WeightError(f"{self.path}: tensor {g!r} has shape {logical}, the metadata implies {tuple(shape)}")
-        return g, t
+        want = tuple(shape) if e is None else (self.cfg.n_experts,) + tuple(shape)
+        if logical != want:
+            raise WeightError(f"{self.path}: tensor {g!r} has shape {logical}, the metadata implies {want}")
+        return g, t, (t.data if e is None else t.data[e])
 
     def get_quant(self, name: str, shape: tuple[int, int]) -> Q.Quantized | None:
         """A tensor in a block format the kernel keeps (quant.FORMATS) as it is stored, rows in our
         order (llama q/k unpermuted); None if the tensor is of another type."""
-        g, t = self._tensor(name, shape)
+        g, t, data = self._tensor(name, shape)
         fmt = _kept_format(t)
         if fmt is None:
             return None
-        w = Q.from_blocks(np.asarray(t.data), fmt, *shape)
+        w = Q.from_blocks(np.asarray(data), fmt, *shape)
         for scales in (w.d, w.m):  # a block's float16 scale (and minimum): an Inf or NaN there spoils its row
             if scales is not None:
                 finite(scales, str(self.path), g)
@@ -226,15 +258,16 @@ class GGUFFile:
 
     def quant_formats(self) -> dict[str, str]:
         """{HF name: format} of the tensors stored in a format of quant.FORMATS."""
-        names = list(_TOP) + [f"model.layers.{i}.{k}" for i in range(self.cfg.n_layers) for k in _LAYER]
+        per_layer = list(_LAYER) + [f"mlp.experts.{e}.{k}.weight" for e in range(self.cfg.n_experts) for k in _EXPERTS]
+        names = list(_TOP) + [f"model.layers.{i}.{k}" for i in range(self.cfg.n_layers) for k in per_layer]
         fmts = {n: _kept_format(self.tensors[g]) for n in names if (g := gguf_name(n, self.arch)) in self.tensors}
         return {n: f for n, f in fmts.items() if f is not None}
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         import gguf
-        g, t = self._tensor(name, shape)
+        g, t, data = self._tensor(name, shape)
         try:
-            w = gguf.quants.dequantize(t.data, t.tensor_type)
+            w = gguf.quants.dequantize(data, t.tensor_type)
         except NotImplementedError:
             raise WeightError(f"{self.path}: tensor {g!r} has type {t.tensor_type.name}, which the gguf package "
                               "cannot dequantize") from None

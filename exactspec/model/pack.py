@@ -23,8 +23,24 @@ KINDS = {"qkv": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_att
          "o": ("self_attn.o_proj.weight",), "gate_up": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
          "down": ("mlp.down_proj.weight",)}
 _SPLIT = {"qk": KINDS["qkv"][:2], "v": KINDS["qkv"][2:]}
-# the Stack's name of each kind's weight (stack.Layer's field)
-FIELDS = {"qkv": "wqkv", "v": "wv", "o": "wo", "gate_up": "w_gate", "down": "w_down"}
+# the Stack's name of each kind's weight (stack.Layer's field); the router, a mixture of experts', is kept
+# in `dtype` (as llama.cpp's quantizer leaves ffn_gate_inp in F32: routing is the MoE's most fragile step)
+FIELDS = {"qkv": "wqkv", "v": "wv", "o": "wo", "gate_up": "w_gate", "down": "w_down", "router": "w_router"}
+
+
+def expert(e: int, name: str) -> str:
+    """An expert's tensor inside a layer, as Qwen3-MoE folders name it (name: gate_proj, up_proj, down_proj)."""
+    return f"mlp.experts.{e}.{name}.weight"
+
+
+def kinds(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """The stored tensors of each kind in a layer: KINDS, or a mixture of experts' (every expert's gate
+    and up; every expert's down; the router)."""
+    E = cfg.n_experts
+    if not E:
+        return KINDS
+    return {**KINDS, "gate_up": tuple(expert(e, n) for e in range(E) for n in ("gate_proj", "up_proj")),
+            "down": tuple(expert(e, "down_proj") for e in range(E))}
 MAX_LAYER_FORMATS = 2  # formats one kind may take across layers (stack.Stack keeps two stacks per kind)
 EMBED = "model.embed_tokens.weight"
 
@@ -45,8 +61,8 @@ class Packer:
         # must share a format; at most MAX_LAYER_FORMATS formats over the layers), or None: `dtype`.
         # embed, head: one format or None.
         self.stored = store.quant_formats() if quant == "keep" and hasattr(store, "quant_formats") else {}
-        self.fmt: dict[str, tuple[str, ...] | str | None] = {k: self._layer_formats(n) for k, n in KINDS.items()}
-        self.fmt["v"] = None
+        self.fmt: dict[str, tuple[str, ...] | str | None] = {k: self._layer_formats(n) for k, n in kinds(cfg).items()}
+        self.fmt["v"] = self.fmt["router"] = None
         if self.fmt["qkv"] is None:  # v in its own format in some layer: q+k and v apart
             qk, v = self._layer_formats(_SPLIT["qk"]), self._layer_formats(_SPLIT["v"])
             if qk and v:
@@ -79,12 +95,17 @@ class Packer:
 
     def layouts(self) -> dict[str, tuple[str, ...] | None]:
         """{Stack field: each layer's packed layout} ("f32", "bf16", or kernels.LAYOUTS' name), None
-        for a field the model does not have (wv unless split)."""
+        for a field the model does not have (wv unless split, w_router without experts); a mixture of
+        experts' w_gate and w_down: each (layer, expert)'s (an expert's format is its layer's)."""
+        E = self.cfg.n_experts
         plain = ("bf16" if self.dtype == "bfloat16" else "f32",) * self.cfg.n_layers
         out = {}
         for kind, field in FIELDS.items():
             f = self.fmt[kind]
-            out[field] = tuple(x + ("i" if self.int_dot else "") for x in f) if f else (None if kind == "v" else plain)
+            out[field] = tuple(x + ("i" if self.int_dot else "") for x in f) if f else (
+                None if kind == "v" or (kind == "router" and not E) else plain)
+            if E and kind in ("gate_up", "down"):
+                out[field] = tuple(x for x in out[field] for _ in range(E))
         return out
 
     def name(self) -> str:
@@ -143,6 +164,19 @@ class Packer:
         empty = np.empty(0, np.float32)
         mlp_b = c.mlp_bias
         gemma = c.post_norms  # Gemma 3: pre and post norms around both blocks
+        if c.n_experts:
+            experts = [(self.linear("gate_up", [(p + expert(e, "gate_proj"), (I, H))], None, i),
+                        self.linear("gate_up", [(p + expert(e, "up_proj"), (I, H))], None, i),
+                        self.linear("down", [(p + expert(e, "down_proj"), (H, I))], None, i)) for e in range(c.n_experts)]
+            mlp = dict(zip(("w_gate", "w_up", "w_down"), experts[0]), experts=experts,
+                       w_router=self.linear("router", [(p + "mlp.gate.weight", (c.n_experts, H))], None, i))
+        else:
+            mlp = dict(w_gate=self.linear("gate_up", [(p + "mlp.gate_proj.weight", (I, H))],
+                                          self.bias(p + "mlp.gate_proj.bias", I, mlp_b), i),
+                       w_up=self.linear("gate_up", [(p + "mlp.up_proj.weight", (I, H))],
+                                        self.bias(p + "mlp.up_proj.bias", I, mlp_b), i),
+                       w_down=self.linear("down", [(p + "mlp.down_proj.weight", (H, I))],
+                                          self.bias(p + "mlp.down_proj.bias", H, mlp_b), i))
         return Layer(
             post_attn_norm=self.norm(p + "post_attention_layernorm.weight", H) if gemma else None,
             post_mlp_norm=self.norm(p + "post_feedforward_layernorm.weight", H) if gemma else None,
@@ -153,10 +187,4 @@ class Packer:
             k_norm=self.norm(a + "k_norm.weight", D) if c.qk_norm else empty,
             wo=self.linear("o", [(a + "o_proj.weight", (H, Hq * D))], self.bias(a + "o_proj.bias", H, c.o_bias), i),
             mlp_norm=self.norm(p + ("pre_feedforward_layernorm.weight" if gemma else "post_attention_layernorm.weight"),
-                               H),
-            w_gate=self.linear("gate_up", [(p + "mlp.gate_proj.weight", (I, H))],
-                               self.bias(p + "mlp.gate_proj.bias", I, mlp_b), i),
-            w_up=self.linear("gate_up", [(p + "mlp.up_proj.weight", (I, H))], self.bias(p + "mlp.up_proj.bias", I, mlp_b),
-                             i),
-            w_down=self.linear("down", [(p + "mlp.down_proj.weight", (H, I))],
-                               self.bias(p + "mlp.down_proj.bias", H, mlp_b), i))
+                               H), **mlp)

@@ -1,4 +1,4 @@
-"""The transformer: Llama / Mistral / Qwen2 / Qwen3 / Gemma 3, forward over flattened rows.
+"""The transformer: Llama / Mistral / Qwen2 / Qwen3 / Gemma 3 / Qwen3-MoE, forward over flattened rows.
 
 A forward call takes any set of rows (token, slot, position) from any sequences: a prompt, one
 decode token, k+1 verify tokens, or all of these from many sequences at once. Every row is
@@ -117,7 +117,7 @@ class Transformer:
         for i in range(cfg.n_layers):
             layer = p.layer(i)
             if st is None:  # one copy of the weights: packed layer by layer into the stack
-                st = Stack.empty(layer, p.layouts(), cfg.n_layers)
+                st = Stack.empty(layer, p.layouts(), cfg.n_layers, cfg.n_experts_used or 1)
             st.put(i, layer)
         self.stack = st
         self.layers: list[Layer] = [st.views(i) for i in range(cfg.n_layers)]
@@ -202,7 +202,7 @@ class Transformer:
         rows = np.arange(t.shape[0]) if out_rows is None else out_rows.numpy()
         weights = F.Weights(self.stack, self._embed_np, self.norm, self.lm_head, self._cos_np, self._sin_np)
         shape = F.Shape(c.n_heads, c.n_kv_heads, c.head_dim, c.rms_norm_eps, self.scale, self.windows, self.rope_of,
-                        self.gated, c.embed_scale)
+                        self.gated, c.embed_scale, c.n_experts, c.n_experts_used, c.norm_topk)
         logits = F.forward(weights, shape, F.RowSet(t, s, p, rows),
                            F.CacheView(cache.table, K.as_numpy(cache.k), K.as_numpy(cache.v)), x_in, hidden)
         return torch.from_numpy(logits)
@@ -240,11 +240,26 @@ class Transformer:
                             int(self.windows[i]))  # (R, Hq, D)
             x = x + post(K.linear(a.reshape(R, Hq * D), L.wo), L.post_attn_norm)
             h = K.rmsnorm(x, L.mlp_norm, eps)
-            gu = torch.cat([K.linear(h, L.w_gate), K.linear(h, L.w_up)], 1)  # (R, 2I)
-            x = x + post(K.linear(K.gated_mul(gu, self.gated), L.w_down), L.post_mlp_norm)
+            x = x + post(self._experts_ref(h, L) if L.experts else self._mlp_ref(h, L.w_gate, L.w_up, L.w_down),
+                         L.post_mlp_norm)
         if hidden is not None:
             hidden[:] = K.rmsnorm(x, self.norm, c.rms_norm_eps).numpy()
         if out_rows is not None:
             x = x[out_rows]
         return K.linear(K.rmsnorm(x, self.norm, c.rms_norm_eps), self.lm_head)
 
+
+    def _mlp_ref(self, h: torch.Tensor, gate: K.PackedWeight, up: K.PackedWeight, down: K.PackedWeight) -> torch.Tensor:
+        gu = torch.cat([K.linear(h, gate), K.linear(h, up)], 1)  # (R, 2I)
+        return K.linear(K.gated_mul(gu, self.gated), down)
+
+    def _experts_ref(self, h: torch.Tensor, L: Layer) -> torch.Tensor:
+        """A mixture of experts: each row's top k experts (kernels.moe.route_ref), each expert run on the
+        rows that chose it, their outputs times the weights added to zero in expert-index order."""
+        idx, w = K.route_ref(K.linear(h, L.w_router), self.cfg.n_experts_used, self.cfg.norm_topk)
+        y = torch.zeros_like(h)
+        for e, (gate, up, down) in enumerate(L.experts):
+            rows, j = (idx == e).nonzero(as_tuple=True)  # rows in order, each at most once
+            if rows.numel():
+                y[rows] = y[rows] + self._mlp_ref(h[rows], gate, up, down) * w[rows, j][:, None]
+        return y

@@ -61,6 +61,11 @@ def config_for(arch: str, layers: int = 2, hidden: int = 64, seed_vocab: int = V
         return tf.Qwen2Config(**{**common, "tie_word_embeddings": True}), tf.Qwen2ForCausalLM
     if arch == "qwen3":
         return tf.Qwen3Config(**{**common, "head_dim": 32}), tf.Qwen3ForCausalLM
+    if arch == "qwen3moe":  # 8 experts, 3 per token, their weights normalized
+        m = {**common, "head_dim": 32, "num_experts": 8, "num_experts_per_tok": 3, "moe_intermediate_size": 64,
+             "norm_topk_prob": True}
+        m.update(kw)
+        return tf.Qwen3MoeConfig(**m), tf.Qwen3MoeForCausalLM
     if arch == "gemma3":  # 5 windowed layers (window 16) then a global one; a head size apart from hidden / heads
         g = {**common, "num_hidden_layers": max(layers, 6), "head_dim": 32, "tie_word_embeddings": True,
              "sliding_window": 16, "query_pre_attn_scalar": 24, "pad_token_id": 0, "hidden_activation": "gelu_pytorch_tanh"}

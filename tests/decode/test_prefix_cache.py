@@ -29,7 +29,7 @@ def _run(b: Batch, reqs: list, at: list[int]) -> list:
 
 
 @pytest.mark.parametrize("drafter_kind,arch", [("none", "qwen3"), ("lookup", "qwen3"), ("model", "qwen3"),
-                                               ("lookup", "gemma3")])  # Gemma: prompts past its window of 16
+                                               ("lookup", "gemma3"), ("lookup", "qwen3moe")])  # Gemma: past its window of 16
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_prefix_cache_on_equals_off(ckpt, drafter_kind, arch, temperature):
     target = exactspec.load(ckpt(arch))

@@ -17,7 +17,7 @@ from exactspec.decode.sampling import SamplingParams, filtered_logits, pick
 N_NEW = 256
 KS = [1, 2, 3, 5, 8, "dynamic", "auto"]
 TARGETS = [("llama", "float32"), ("qwen2", "bfloat16"), ("qwen3", "float32"), ("mistral", "bfloat16"),
-           ("gemma3", "float32")]
+           ("gemma3", "float32"), ("qwen3moe", "bfloat16")]
 
 
 @pytest.fixture(scope="module")

@@ -30,20 +30,46 @@ def _ints(rng, shape, scale):
     return torch.from_numpy((rng.integers(-64, 65, shape).astype(np.float32) / np.float32(64) * np.float32(scale)))
 
 
-def build(folder: Path, dtype: torch.dtype, **over) -> Path:
-    c = {**CONFIG, **over}
-    H, I, V, D = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["hidden_size"] // c["num_attention_heads"]
+# Gemma 3 (a window of 8 on layers 0 and 2, their own RoPE base, GeGLU, four norms, a scaled embedding) and a
+# mixture of experts (Qwen3-MoE: 6 experts, 2 per token, q/k norms): float32 models share the Llama's
+# compiled forward, so they cost each compile target no compile
+GEMMA3 = dict(CONFIG, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", num_hidden_layers=3, head_dim=32,
+              sliding_window=8, sliding_window_pattern=2, query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh",
+              rope_theta=1000000.0, rope_local_base_freq=10000.0, tie_word_embeddings=True, hidden_act=None)
+QWEN3_MOE = dict(CONFIG, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", head_dim=32, num_experts=6,
+                 num_experts_per_tok=2, moe_intermediate_size=40, norm_topk_prob=True)
+
+
+def build(folder: Path, dtype: torch.dtype, base: dict = CONFIG, **over) -> Path:
+    c = {**base, **over}
+    H, I, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    D = c.get("head_dim") or H // c["num_attention_heads"]
+    Hq, Hkv = c["num_attention_heads"] * D, c["num_key_value_heads"] * D
+    gemma, moe = c["model_type"] == "gemma3_text", "num_experts" in c
     rng = np.random.default_rng(1234)
-    t = {"model.embed_tokens.weight": _ints(rng, (V, H), 1.0), "lm_head.weight": _ints(rng, (V, H), 0.25),
-         "model.norm.weight": 1 + _ints(rng, (H,), 0.1)}
+    # (Gemma: the tied embedding scaled by sqrt(H) would outweigh the layers and copy the last token)
+    t = {"model.embed_tokens.weight": _ints(rng, (V, H), 1 / 64 if gemma else 1.0)}
+    if not c["tie_word_embeddings"]:
+        t["lm_head.weight"] = _ints(rng, (V, H), 0.25)
+    t["model.norm.weight"] = 1 + _ints(rng, (H,), 0.1)
+    norms = ["input_layernorm", "post_attention_layernorm"] + ["pre_feedforward_layernorm",
+                                                               "post_feedforward_layernorm"] * gemma
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        t[p + "input_layernorm.weight"] = 1 + _ints(rng, (H,), 0.1)
-        t[p + "post_attention_layernorm.weight"] = 1 + _ints(rng, (H,), 0.1)
-        for name, shape in (("q_proj", (4 * D, H)), ("k_proj", (2 * D, H)), ("v_proj", (2 * D, H)), ("o_proj", (H, H))):
+        for n in norms:  # (Gemma's weights are w - 1: its model adds 1)
+            t[p + n + ".weight"] = _ints(rng, (H,), 0.1) + (0 if gemma else 1)
+        for name, shape in (("q_proj", (Hq, H)), ("k_proj", (Hkv, H)), ("v_proj", (Hkv, H)), ("o_proj", (H, Hq))):
             t[p + f"self_attn.{name}.weight"] = _ints(rng, shape, 0.125)
-        for name, shape in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
-            t[p + f"mlp.{name}.weight"] = _ints(rng, shape, 0.125)
+        if gemma or moe:
+            for n in ("q_norm", "k_norm"):
+                t[p + f"self_attn.{n}.weight"] = _ints(rng, (D,), 0.1) + (0 if gemma else 1)
+        mlps = [f"mlp.experts.{e}." for e in range(c["num_experts"])] if moe else ["mlp."]
+        size = c["moe_intermediate_size"] if moe else I
+        if moe:
+            t[p + "mlp.gate.weight"] = _ints(rng, (c["num_experts"], H), 1.0)
+        for m in mlps:
+            for name, shape in (("gate_proj", (size, H)), ("up_proj", (size, H)), ("down_proj", (H, size))):
+                t[p + m + f"{name}.weight"] = _ints(rng, shape, 0.125)
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.to(dtype).contiguous() for k, v in t.items()}, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps({**c, "torch_dtype": str(dtype)[6:]}))
@@ -76,6 +102,13 @@ def record() -> dict:
             out[f"greedy_{dt}"] = g.token_ids
             out[f"lookup_equals_greedy_{dt}"] = s.token_ids == g.token_ids
             out[f"sampled_{dt}"] = t.token_ids
+        for name, base in (("gemma3", GEMMA3), ("qwen3moe", QWEN3_MOE)):  # past Gemma's window of 8
+            model = exactspec.load(build(Path(tmp) / name, torch.float32, base))
+            out[f"logits_{name}"] = _sha(model.logits(prompt))
+            g = model.generate(prompt, 40, ignore_eos=True)
+            out[f"greedy_{name}"] = g.token_ids
+            out[f"lookup_equals_greedy_{name}"] = g.token_ids == model.generate(
+                prompt, 40, ignore_eos=True, draft="lookup", num_draft_tokens=3).token_ids
         # Q8_0 kept quantized (the int8 widening, the float16 scales in integer ops): its own generator,
         # so the records above stay as they were; K = 64 and I = 160 are whole groups of 32
         rng8 = np.random.default_rng(8)

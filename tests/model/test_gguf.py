@@ -80,6 +80,11 @@ def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", s
         w.add_value_length(c.head_dim)
     if gemma:  # as llama.cpp's converter: the window; the pattern (every 6th layer global) and local base are defaults
         w.add_sliding_window(c.sliding_window)
+    moe = arch == "qwen3moe"
+    if moe:  # as llama.cpp's converter: the experts' count, how many a token takes, their size
+        w.add_expert_count(c.num_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
     w.add_vocab_size(c.vocab_size)
     w.add_eos_token_id(1)
     if tokenizer_folder is not None:
@@ -99,8 +104,8 @@ def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", s
             bits = t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
             w.add_tensor(name, bits, raw_dtype=qtype)
         elif qtype.name.lower() in K_QUANT_BLOCKS:  # no quantizer in the gguf package: random blocks
-            blocks = K_QUANT_BLOCKS[qtype.name.lower()](*a.shape, seed=zlib.crc32(name.encode()))
-            w.add_tensor(name, blocks, raw_dtype=qtype)
+            blocks = K_QUANT_BLOCKS[qtype.name.lower()](a.size // a.shape[-1], a.shape[-1], seed=zlib.crc32(name.encode()))
+            w.add_tensor(name, blocks.reshape(a.shape[:-1] + (-1,)), raw_dtype=qtype)
         else:
             w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
 
@@ -122,12 +127,17 @@ def write_gguf(model, path, qtype=gguf.GGMLQuantizationType.F32, arch="llama", s
         for hf, g in (("q_norm.weight", "attn_q_norm.weight"), ("k_norm.weight", "attn_k_norm.weight")):
             if p + "self_attn." + hf in sd:
                 norms += ((g, sd[p + "self_attn." + hf]),)
+        if moe:  # each kind's experts as one (E, N, K) tensor (transformers 5 holds gate and up fused), the router
+            gate, up = sd[p + "mlp.experts.gate_up_proj"].chunk(2, dim=1)
+            mlp = (("ffn_gate_exps.weight", gate), ("ffn_up_exps.weight", up),
+                   ("ffn_down_exps.weight", sd[p + "mlp.experts.down_proj"]),
+                   ("ffn_gate_inp.weight", sd[p + "mlp.gate.weight"]))
+        else:
+            mlp = (("ffn_gate.weight", sd[p + "mlp.gate_proj.weight"]), ("ffn_up.weight", sd[p + "mlp.up_proj.weight"]),
+                   ("ffn_down.weight", sd[p + "mlp.down_proj.weight"]))
         for name, t in (("attn_norm.weight", sd[p + "input_layernorm.weight"]), ("attn_q.weight", q),
                         ("attn_k.weight", k), ("attn_v.weight", sd[p + "self_attn.v_proj.weight"]),
-                        ("attn_output.weight", sd[p + "self_attn.o_proj.weight"]), *norms,
-                        ("ffn_gate.weight", sd[p + "mlp.gate_proj.weight"]),
-                        ("ffn_up.weight", sd[p + "mlp.up_proj.weight"]),
-                        ("ffn_down.weight", sd[p + "mlp.down_proj.weight"])):
+                        ("attn_output.weight", sd[p + "self_attn.o_proj.weight"]), *norms, *mlp):
             put(b + name, t)
         for hf, g in (("q_proj.bias", "attn_q.bias"), ("k_proj.bias", "attn_k.bias"), ("v_proj.bias", "attn_v.bias")):
             if p + "self_attn." + hf in sd:
@@ -143,7 +153,7 @@ def _ids(n=40):
     return torch.randint(2, 320, (n,), generator=torch.Generator().manual_seed(7)).tolist()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "llama3", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "llama3", "gemma3", "qwen3moe"])
 def test_float32_gguf_equals_the_hf_folder_bitwise(ckpt, arch, tmp_path):
     """The same float32 weights from a GGUF file (llama: q/k rows permuted as llama.cpp stores them; Llama
     3.x: its RoPE scaling as the rope_freqs tensor; Gemma 3: norms stored as 1 + w, windows and local RoPE
@@ -371,27 +381,35 @@ def test_bad_gemma3_configs_are_named(ckpt, tmp_path, edit, exc, needle):
 
 
 def test_bad_gemma3_gguf_keys_are_named(tmp_path):
-    """A GGUF sliding-window pattern listing the wrong number of layers, or a negative one: named at load."""
+    """A GGUF sliding-window pattern listing the wrong number of layers: named at load."""
     hf = random_model("gemma3", query_pre_attn_scalar=32)
     path = write_gguf(hf, tmp_path / "m.gguf", arch="gemma3")
-    r = gguf.GGUFReader(str(path))
-    for value, needle in (([True, False], r"'gemma3\.attention\.sliding_window_pattern' lists 2 layers, the model "
-                                          r"has 6"),):
-        w = gguf.GGUFWriter(str(tmp_path / "p.gguf"), "gemma3")
-        for f in r.fields.values():
-            if f.name.startswith(("GGUF.", "general.architecture")):
-                continue
-            w.add_key_value(f.name, f.contents(), f.types[0], f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY
-                            else None)
-        w.add_array("gemma3.attention.sliding_window_pattern", value)
-        for t in r.tensors:
-            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        with pytest.raises(CheckpointError, match=needle):
-            exactspec.load(tmp_path / "p.gguf")
+    rewrite_gguf(path, tmp_path / "p.gguf", {"gemma3.attention.sliding_window_pattern": [True, False]})
+    with pytest.raises(CheckpointError, match=r"'gemma3\.attention\.sliding_window_pattern' lists 2 layers, the "
+                                              r"model has 6"):
+        exactspec.load(tmp_path / "p.gguf")
+
+
+def rewrite_gguf(src, dst, fields: dict) -> None:
+    """`src` copied to `dst` with metadata `fields` replaced or added (lists as arrays, ints as uint32)."""
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), str(r.fields["general.architecture"].contents()))
+    for f in r.fields.values():
+        if f.name.startswith(("GGUF.", "general.architecture")) or f.name in fields:
+            continue
+        w.add_key_value(f.name, f.contents(), f.types[0], f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY
+                        else None)
+    for k, v in fields.items():
+        if isinstance(v, list):
+            w.add_array(k, v)
+        else:
+            w.add_uint32(k, v)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 @pytest.mark.parametrize("old,new,needle", [
