@@ -26,5 +26,9 @@ MR_MAX = 10 if _WIDE else 3
 VNNI = _target_has(("+avx512vnni", "+avx512bw"), ("cascadelake", "cooperlake", "icelake", "tigerlake", "rocketlake",
                                                   "sapphirerapids", "graniterapids", "emeraldrapids", "diamondrapids",
                                                   "znver4", "znver5"))
+# F16C: float16 scales widened by `vcvtph2ps` (exact: every float16 is a float32), else in integer ops.
+F16C = _target_has(("+f16c",), ("ivybridge", "haswell", "broadwell", "skylake", "cascade", "cooper", "cannon", "icelake",
+                                "tiger", "rocket", "alder", "raptor", "meteor", "sapphire", "granite", "emerald",
+                                "diamond", "znver", "bdver2", "bdver3", "bdver4", "x86-64-v3", "x86-64-v4"))
 # Rows per integer-dot tile: mr rows x 2 vectors of float and of integer accumulators.
 MR_INT = 6 if _WIDE else 2

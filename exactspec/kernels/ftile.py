@@ -7,6 +7,7 @@ from __future__ import annotations
 from llvmlite import ir
 from numba.core import cgutils
 
+from .cpu import F16C
 from .layout import LAYOUTS, NL
 from .quant import QK  # k's per quantization group
 
@@ -18,10 +19,14 @@ PREFETCH_BYTES = 8192  # software prefetch distance along the weight stream
 
 
 def f16_to_f32(builder, h):
-    """<16 x i16> float16 bits -> <16 x float>, exactly, in integer ops (no half type: without F16C
-    LLVM would call a runtime helper the JIT may not have)."""
+    """<16 x i16> float16 bits -> <16 x float>, exactly: one `vcvtph2ps` where the target has F16C, else in
+    integer ops (the half type without F16C would call a runtime helper the JIT may not have). The same
+    values either way (every finite float16 is a float32; files' scales are checked finite at load);
+    measured on Zen 4: the integer ops were ~half of a one-row Q4_K group's instructions."""
     i32, f32 = ir.IntType(32), ir.FloatType()
     vi, vf = ir.VectorType(i32, V), ir.VectorType(f32, V)
+    if F16C:
+        return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), V)), vf)
 
     def c(v):
         return ir.Constant(vi, [v] * V)

@@ -4,6 +4,7 @@ reproduce `golden.json` exactly; `test_cross_cpu.py` checks it here for several 
 and CI checks it on whatever machine it lands on.
 
     python tests/golden.py            # print this machine's record as JSON
+    python tests/golden.py --kernels  # without the bfloat16 and int8-activation models (test_cross_cpu's targets)
     python tests/golden.py --write    # overwrite golden.json (only after a deliberate numerics change)
 """
 from __future__ import annotations
@@ -80,7 +81,9 @@ def _sha(t: torch.Tensor) -> str:
     return hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()[:32]
 
 
-def record() -> dict:
+def record(full: bool = True) -> dict:
+    """The record; not `full`: without the bfloat16 and int8-activation models (their kernels are in the
+    record as kernels: what another compile target is checked on, each model a forward compile of minutes)."""
     import exactspec
     from exactspec import kernels as K
     out = {}
@@ -93,7 +96,7 @@ def record() -> dict:
         out[f"linear_{str(dt)[6:]}"] = _sha(torch.cat(rows))
     prompt = rng.integers(2, CONFIG["vocab_size"], 24).tolist()
     with tempfile.TemporaryDirectory() as tmp:
-        for dt in ("float32", "bfloat16"):
+        for dt in ("float32", "bfloat16") if full else ("float32",):
             model = exactspec.load(build(Path(tmp) / dt, getattr(torch, dt)), dtype=dt)
             out[f"logits_{dt}"] = _sha(model.logits(prompt))
             g = model.generate(prompt, 40, ignore_eos=True)
@@ -116,14 +119,14 @@ def record() -> dict:
         p = K.pack_quant(quant.quantize(_ints(rng8, (77, 64), 0.3).numpy(), "q8_0"))
         x = _ints(rng8, (13, 64), 1.7) + _ints(rng8, (13, 64), 1e-3)
         out["linear_q8_0"] = _sha(torch.cat([K.linear(x[:m], p) for m in range(1, 14)]))
-        # the model with int8 activations (the default for quantized weights: integer dot products)
-        model = exactspec.load(build(Path(tmp) / "q8", torch.float32, intermediate_size=160), quantize="q8_0")
-        assert model.net.activations == "int8"
-        out["logits_q8_0i"] = _sha(model.logits(prompt))
-        g = model.generate(prompt, 40, ignore_eos=True)
-        out["greedy_q8_0i"] = g.token_ids
-        out["lookup_equals_greedy_q8_0i"] = g.token_ids == model.generate(
-            prompt, 40, ignore_eos=True, draft="lookup", num_draft_tokens=3).token_ids
+        if full:  # the model with int8 activations (the default for quantized weights: integer dot products)
+            model = exactspec.load(build(Path(tmp) / "q8", torch.float32, intermediate_size=160), quantize="q8_0")
+            assert model.net.activations == "int8"
+            out["logits_q8_0i"] = _sha(model.logits(prompt))
+            g = model.generate(prompt, 40, ignore_eos=True)
+            out["greedy_q8_0i"] = g.token_ids
+            out["lookup_equals_greedy_q8_0i"] = g.token_ids == model.generate(
+                prompt, 40, ignore_eos=True, draft="lookup", num_draft_tokens=3).token_ids
         for fmt in ("q4_0", "q4_1", "q5_0", "q5_1"):  # the nibble unpacking (and high bits), the minimum's rounding
             rng4 = np.random.default_rng(4)
             p = K.pack_quant(quant.quantize((_ints(rng4, (77, 64), 0.3) + 0.7).numpy(), fmt))
@@ -158,7 +161,7 @@ def record() -> dict:
 
 
 if __name__ == "__main__":
-    r = record()
+    r = record(full="--kernels" not in sys.argv)
     if "--write" in sys.argv:
         GOLDEN.write_text(json.dumps(r, indent=1) + "\n")
     print(json.dumps(r))

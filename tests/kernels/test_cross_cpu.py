@@ -1,9 +1,9 @@
 """Same bits on any x86-64 CPU: the kernels compiled for other targets (NUMBA_CPU_NAME, each in a
 subprocess with its own numba cache) give exactly the record this process gives, and the record
 committed in golden.json (made on another machine, so CI on an AMD or Intel machine proves it for
-real). Targets: generic x86-64 (SSE2 only: no FMA unit, llvm.fma becomes libm's fmaf), haswell
-(AVX2 + FMA, 16 vector registers, 3-row tiles) and, where this CPU can run it, skylake-avx512
-(AVX-512, 32 registers, 10-row tiles)."""
+real). Targets: generic x86-64 (SSE2 only: no FMA unit, llvm.fma becomes libm's fmaf; no F16C, float16
+scales widened in integer ops), haswell (AVX2 + FMA + F16C, 16 vector registers, 3-row tiles) and, where
+this CPU can run it, skylake-avx512 (AVX-512, 32 registers, 10-row tiles, no VNNI)."""
 from __future__ import annotations
 
 import json
@@ -17,7 +17,7 @@ import pytest
 
 from tests.kernels import golden
 
-pytestmark = pytest.mark.slow  # compiles the kernels for 3 CPU targets (~5 min)
+pytestmark = pytest.mark.slow  # compiles the kernels for 3 CPU targets (minutes)
 
 HERE = Path(__file__).parent
 TARGETS = ["generic", "haswell"] + (["skylake-avx512"] if "+avx512f" in llb.get_host_cpu_features().flatten() else [])
@@ -38,7 +38,7 @@ def other_targets(tmp_path_factory):
     procs = {}
     for t in TARGETS:
         env = dict(os.environ, NUMBA_CPU_NAME=t, NUMBA_CACHE_DIR=str(tmp_path_factory.mktemp(t) / "numba"))
-        procs[t] = subprocess.Popen([sys.executable, str(HERE / "golden.py")], env=env, stdout=subprocess.PIPE,
+        procs[t] = subprocess.Popen([sys.executable, str(HERE / "golden.py"), "--kernels"], env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
     yield procs
     for p in procs.values():
@@ -56,7 +56,11 @@ def test_other_compile_targets_give_the_same_bits(here_record, other_targets, ta
     out, err = other_targets[target].communicate(timeout=1800)
     assert other_targets[target].returncode == 0, err[-3000:]
     got = json.loads(out.strip().splitlines()[-1])
-    assert got == here_record, target
+    # every kernel and the float32 models (Llama, Gemma 3, Qwen3-MoE); the bfloat16 and int8-activation models'
+    # kernels are among the kernels, their forwards compiled here only (a forward compile is minutes per target)
+    assert set(here_record) - set(got) == {f"{k}_{m}" for k in ("logits", "greedy", "lookup_equals_greedy")
+                                           for m in ("bfloat16", "q8_0i")}, target
+    assert got == {k: here_record[k] for k in got}, target
 
 
 def test_the_tile_height_follows_the_target():
