@@ -59,7 +59,7 @@ def test_other_compile_targets_give_the_same_bits(here_record, other_targets, ta
     # every kernel and the float32 models (Llama, Gemma 3, Qwen3-MoE); the bfloat16 and int8-activation models'
     # kernels are among the kernels, their forwards compiled here only (a forward compile is minutes per target)
     assert set(here_record) - set(got) == {f"{k}_{m}" for k in ("logits", "greedy", "lookup_equals_greedy")
-                                           for m in ("bfloat16", "q8_0i")}, target
+                                           for m in ("bfloat16", "q8_0i")} | {"sampled_bfloat16"}, target
     assert got == {k: here_record[k] for k in got}, target
 
 
