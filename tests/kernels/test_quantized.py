@@ -14,6 +14,7 @@ from exactspec.kernels import quant
 from exactspec.kernels import layout
 from exactspec.tools.testing import K_QUANT_BLOCKS as KQ, random_model
 from tests.model.test_gguf import _ids, write_gguf
+from tests.model.test_model import _chunks, _decode_logits
 
 FORMATS = quant.FORMATS
 TYPE = {f: getattr(gguf.GGMLQuantizationType, f.upper()) for f in FORMATS}
@@ -255,3 +256,41 @@ def test_bad_quantize_and_dtype_are_named(ckpt):
         exactspec.load(ckpt("llama"), quantize="q4_k")
     with pytest.raises(exactspec.UnsupportedModelError, match="rows of 48 values, not whole blocks of 32"):
         exactspec.load(ckpt("llama", hidden=48), quantize="q8_0")
+
+
+def test_a_gguf_keeps_its_experts_quantized_and_exact(tmp_path):
+    """Experts in a layer's own format (test_quantized's MIXED: Q4_K / Q6_K experts in layer 0, Q5_K / Q5_1 in
+    layer 1, Q4_0 / Q5_0 / Q6_K attention; the same compiled forward as its dense qwen2 file), the router in
+    F32. Kept quantized with float activations: the dequantized model's bits. With int8 activations (integer
+    dots): the same bits whatever the chunking, greedy == lookup == a batch == 1 thread, close to the float
+    path (the router sharpened, so that int8 rounding does not flip a row's experts)."""
+    hf = random_model("qwen3moe", hidden=256, moe_intermediate_size=256, num_experts=8, num_experts_per_tok=2,
+                      tie_word_embeddings=True)
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.mlp.gate.weight.mul_(40.0)
+    types = {n.replace("ffn_gate.", "ffn_gate_exps.").replace("ffn_up.", "ffn_up_exps.").replace("ffn_down.",
+             "ffn_down_exps."): TYPE[f] for n, f in MIXED.items()}
+    path = write_gguf(hf, tmp_path / "m.gguf", arch="qwen3moe", types=types)
+    kept, deq = exactspec.load(path, activations="float32"), exactspec.load(path, dtype="float32")
+    L0, L1 = kept.net.layers
+    assert [w.fmt for w in L0.experts[5]] == ["q4_k", "q4_k", "q6_k"]
+    assert [w.fmt for w in L1.experts[7]] == ["q5_k", "q5_k", "q5_1"]
+    assert L0.w_router.fmt == "f32" and not deq.net.layers[0].experts[0][0].quantized
+    ids = _ids(48)
+    flt = kept.logits(ids)
+    assert torch.equal(flt, deq.logits(ids))
+    m = exactspec.load(path)
+    assert m.net.layers[1].experts[3][2].fmt == "q5_1i"
+    full = m.logits(ids)
+    assert (full - flt).norm() / flt.norm() < 0.05
+    assert torch.equal(_decode_logits(m, ids, [1] * len(ids)), full)
+    assert torch.equal(_decode_logits(m, ids, _chunks(len(ids), 5, first=3)), full)
+    plain = m.generate(ids, 32, ignore_eos=True).token_ids
+    assert m.generate(ids, 32, ignore_eos=True, draft="lookup", num_draft_tokens=4).token_ids == plain
+    assert m.generate_batch([ids[:7], ids, ids[:20]], 32, ignore_eos=True)[1].token_ids == plain
+    K.set_num_threads(1)
+    try:
+        assert m.generate(ids, 32, ignore_eos=True).token_ids == plain
+    finally:
+        K.set_num_threads(2)
