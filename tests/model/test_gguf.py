@@ -370,14 +370,19 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused(tmp_path, ckpt):
 def test_bad_gemma3_configs_are_named(ckpt, tmp_path, edit, exc, needle):
     """Gemma 3's own keys, each checked at load: a window missing where sliding layers need one, a layer list
     of the wrong length, logit soft-capping (Gemma 2's), another activation, a bad local RoPE base."""
+    with pytest.raises(exc, match=needle):
+        exactspec.load(edited_copy(ckpt("gemma3"), tmp_path / "g", edit))
+
+
+def edited_copy(folder, dst, edit: dict):
+    """A copy of checkpoint `folder` at `dst` with config.json's fields `edit` replaced."""
     import json
     import shutil
-    folder = shutil.copytree(ckpt("gemma3"), tmp_path / "g")
+    folder = shutil.copytree(folder, dst)
     c = json.loads((folder / "config.json").read_text())
     c.update(edit)
     (folder / "config.json").write_text(json.dumps(c))
-    with pytest.raises(exc, match=needle):
-        exactspec.load(folder)
+    return folder
 
 
 def test_bad_gemma3_gguf_keys_are_named(tmp_path):

@@ -2,9 +2,6 @@
 named errors for bad expert counts (the model-level invariance matrix, the fused-vs-twin and transformers
 checks run with the other architectures: tests/helpers.ARCHS; a GGUF whose experts stay quantized:
 tests/kernels/test_quantized.py, beside the dense file whose compiled forward it shares)."""
-import json
-import shutil
-
 import pytest
 import torch
 
@@ -12,7 +9,7 @@ import exactspec
 from exactspec import kernels as K
 from exactspec.errors import CheckpointError, UnsupportedModelError
 from exactspec.tools.testing import random_model
-from tests.model.test_gguf import rewrite_gguf, write_gguf
+from tests.model.test_gguf import edited_copy, rewrite_gguf, write_gguf
 
 
 def _logits(rows, experts, seed, grid=None):
@@ -59,12 +56,8 @@ def test_routing_is_close_to_transformers_router():
     ({"moe_intermediate_size": 0}, CheckpointError, r"field 'moe_intermediate_size' must be >= 1"),
 ])
 def test_bad_expert_configs_are_named(ckpt, tmp_path, edit, exc, needle):
-    folder = shutil.copytree(ckpt("qwen3moe"), tmp_path / "m")
-    c = json.loads((folder / "config.json").read_text())
-    c.update(edit)
-    (folder / "config.json").write_text(json.dumps(c))
     with pytest.raises(exc, match=needle):
-        exactspec.load(folder)
+        exactspec.load(edited_copy(ckpt("qwen3moe"), tmp_path / "m", edit))
 
 
 @pytest.mark.parametrize("fields,needle", [
