@@ -40,7 +40,6 @@ class Layer:
 
 _NORMS = ("attn_norm", "q_norm", "k_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm")
 _LINEARS = ("wqkv", "wv", "wo", "w_gate", "w_down", "w_router")
-_PER_EXPERT = ("w_gate", "w_down")  # a mixture of experts' kinds with a weight per (layer, expert)
 
 
 @dataclass
