@@ -10,7 +10,7 @@ from numba.extending import overload
 
 from . import tile
 from .expf import SWIGLU, fma_ref, gated
-from .actquant import _is_int_dot, act_buffers, acts
+from .actquant import _is_int_dot, act_buffers, acts, nrows
 from .cpu import MR_INT, MR_MAX
 from .layout import NL
 from .pack import PackedWeight
@@ -40,13 +40,13 @@ def _tile_rows_impl(w):
 
 
 @njit(cache=True, nogil=True)
-def linear_block(x, r0, r1, w, bias, y, b, mode):
-    # Output block b (NL columns of y) for rows r0 .. r1 - 1 of x (float rows, or for an integer-dot layout
-    # actquant.acts's int8 rows) into the same rows of y, in tiles of at most _tile_rows(w) rows: each
-    # weight vector is read once per tile, the rows' chains never mix. A function of its own (not
-    # inlined): each parallel loop calls the one compiled copy per weight type (inlined, every loop
-    # compiled its own tiles: slower to compile, and prompt processing measured ~1.35x slower).
-    M = r1 - r0
+def linear_block(x, w, bias, y, b, mode):
+    # Output block b (NL columns of y) for every row of x (float rows, or for an integer-dot layout
+    # actquant.acts's int8 rows), in tiles of at most _tile_rows(w) rows: each weight vector is read
+    # once per tile, the rows' chains never mix. A function of its own (not inlined): each parallel
+    # loop calls the one compiled copy per weight type (inlined, every loop compiled its own tiles:
+    # slower to compile, and prompt processing measured ~1.35x slower).
+    M = nrows(x)
     n0 = b * NL
     nb = min(NL, y.shape[1] - n0)
     buf = np.empty((2, MR_MAX, NL), np.float32)
@@ -54,9 +54,9 @@ def linear_block(x, r0, r1, w, bias, y, b, mode):
     u = buf[1]  # SWIGLU: the up half
     mr_max = _tile_rows(w)
     ntiles = (M + mr_max - 1) // mr_max
-    m0 = r0
+    m0 = 0
     for i in range(ntiles):
-        mr = _tile_height(M, m0 - r0, i, ntiles)
+        mr = _tile_height(M, m0, i, ntiles)
         if mode >= SWIGLU:
             tile.run_tile(mr, x, m0, w, 2 * b, t)
             tile.run_tile(mr, x, m0, w, 2 * b + 1, u)
@@ -83,7 +83,7 @@ def linear_block(x, r0, r1, w, bias, y, b, mode):
 def _linear(x, w, bias, y):
     xa = acts(x, w, act_buffers(x.shape[0], x.shape[1]))
     for b in prange(w.shape[0]):
-        linear_block(xa, 0, x.shape[0], w, bias, y, b, STORE)
+        linear_block(xa, w, bias, y, b, STORE)
     return y
 
 

@@ -12,10 +12,9 @@ is computed:
 Gemma 3 (cfg.post_norms) stores o-proj and down-proj apart instead, RMS-norms them, then adds them
 to the residual (as `x + rmsnorm(linear(a))`); its windowed layers read their own RoPE table.
 A mixture of experts (Qwen3-MoE) routes each row (kernels/moe.py), runs each expert on the rows that
-chose it (a row's bits do not depend on which other rows share the call: every kernel is row-invariant;
-all of a layer's experts in one parallel loop per kind, `_expert_layer`), and adds each row's expert
-outputs times their weights to zero in expert-index order, then to the residual (`_experts`, as
-`Transformer._experts_ref`).
+chose it (a row's bits do not depend on which other rows share the call: every kernel is row-invariant),
+and adds each row's expert outputs times their weights to zero in expert-index order, then to the
+residual (`_experts`, as `Transformer._experts_ref`).
 Threads (prange) split output blocks of each linear and (row, head) pairs of attention, never one
 reduction, so the result does not depend on the thread count; the serial build (small calls)
 compiles the same source.
@@ -30,7 +29,7 @@ from numba.extending import overload
 
 from ..kernels.attention import attend_task, attention_tasks
 from ..kernels.layout import LAYOUTS, NL, QK
-from ..kernels.actquant import act_buffers, acts, nrows
+from ..kernels.actquant import act_buffers, acts
 from ..kernels.linear import ADD, STORE, SWIGLU, linear_block
 from ..kernels.moe import route_into
 from ..kernels.pack import PackedWeight
@@ -145,16 +144,16 @@ def _blocks_at(w, i):
 
 
 @njit(inline="always")
-def _linear_at(xa, r0, r1, w, i, bias, y, b, mode):
-    # Block b of layer i's weight of a Stack kind w = (a, alt, sel) for rows r0 .. r1 - 1: a[sel[i]] if
-    # sel[i] >= 0, else alt[-1 - sel[i]] (a kind's two formats). linear_block is a function of its own,
-    # compiled once per weight type: one format's two branches share it.
+def _linear_at(xa, w, i, bias, y, b, mode):
+    # Block b of layer i's weight of a Stack kind w = (a, alt, sel): a[sel[i]] if sel[i] >= 0, else
+    # alt[-1 - sel[i]] (a kind's two formats). linear_block is a function of its own, compiled once per
+    # weight type: one format's two branches share it.
     a, alt, sel = w
     s = sel[i]
     if s >= 0:
-        linear_block(xa, r0, r1, a[s], bias, y, b, mode)
+        linear_block(xa, a[s], bias, y, b, mode)
     else:
-        linear_block(xa, r0, r1, alt[-1 - s], bias, y, b, mode)
+        linear_block(xa, alt[-1 - s], bias, y, b, mode)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -166,23 +165,10 @@ def _linear_layer(xa, w, i, bias, y, mode):
     if mode >= SWIGLU:
         n = n // 2
     for b in prange(n):
-        _linear_at(xa, 0, nrows(xa), w, i, bias, y, b, mode)
+        _linear_at(xa, w, i, bias, y, b, mode)
 
 
 _LINEAR_LAYER = TwoBuilds(_linear_layer)
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def _expert_layer(xa, w, u0, off, task_e, task_b, bias, y, mode):
-    # A mixture of experts' kind w for every expert at once: task t is output block task_b[t] of expert
-    # e = task_e[t] (weight u0 + e) on its rows off[e] .. off[e + 1] - 1 of xa and y; the tasks split over
-    # the threads (one parallel loop for all a layer's experts, not one per expert).
-    for t in prange(task_e.shape[0]):
-        e = task_e[t]
-        _linear_at(xa, off[e], off[e + 1], w, u0 + e, bias[u0 + e], y, task_b[t], mode)
-
-
-_EXPERT_LAYER = TwoBuilds(_expert_layer)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -248,7 +234,7 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
             _linear_layer(acts(a, wo[0], ab), wo, i, bo[i], x, ADD)
         rmsnorm_into(x, mlp_norm[i], eps, h)
         if E:
-            _experts(h, wr, br, wgu, bgu, wdown, bdown, i, E, k_used, norm_topk, gated, I, o)
+            _experts(h, wr, br, wgu, bgu, wdown, bdown, i, E, k_used, norm_topk, gated, I, ab, o)
             if post:
                 _add_normed(x, o, post_mlp[i], eps)
             else:
@@ -270,7 +256,7 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
         rmsnorm_into(x, norm, eps, hidden)
     hfa = acts(hf, head, ab)
     for b in prange(head.shape[0]):
-        linear_block(hfa, 0, n, head, np.empty(0, np.float32), logits, b, STORE)
+        linear_block(hfa, head, np.empty(0, np.float32), logits, b, STORE)
     return logits
 
 
@@ -288,69 +274,45 @@ def _add_normed(x, o, w, eps):
     _add(x, o)
 
 
-@njit(cache=True, nogil=True)
-def _experts(h, wr, br, wgu, bgu, wdown, bdown, i, E, k, norm_topk, gated, I, y):
+@njit(inline="always")
+def _experts(h, wr, br, wgu, bgu, wdown, bdown, i, E, k, norm_topk, gated, I, ab, y):
     # Layer i's mixture of experts on the normed rows h -> y: the router's logits, each row's top k
-    # (route_into); the rows gathered expert by expert (rows ascending within one); every expert's gated
-    # MLP on its rows in one parallel loop per kind; then y[r] = 0 + out * weight for r's experts in
-    # expert-index order. Each row's bits: its own (every kernel is row-invariant, int8 rows quantized
-    # row by row). A function of its own with a serial twin (TwoBuilds), as _forward.
+    # (route_into), then expert by expert in index order: its rows gathered, its gated MLP, and
+    # y[r] += out * weight for each of them (y from zero: each row's sum in expert-index order).
     R, H = h.shape
     logits = np.empty((R, E), np.float32)
-    _linear_layer(acts(h, wr[0], act_buffers(R, H)), wr, i, br[i], logits, STORE)
+    _linear_layer(acts(h, wr[0], ab), wr, i, br[i], logits, STORE)
     idx = np.empty((R, k), np.int64)
     wts = np.empty((R, k), np.float32)
     route_into(logits, k, norm_topk, idx, wts)
-    off = np.zeros(E + 1, np.int64)  # expert e's rows: off[e] .. off[e + 1] - 1
-    for r in range(R):
-        for j in range(k):
-            off[idx[r, j] + 1] += 1
-    hit = 0
-    for e in range(E):
-        if off[e + 1] > 0:
-            hit += 1
-        off[e + 1] += off[e]
-    n = off[E]
-    at = off[:E].copy()
-    rows = np.empty(n, np.int64)
-    rw = np.empty(n, np.float32)
-    hg = np.empty((n, H), np.float32)
-    for r in range(R):
-        for j in range(k):
-            e = idx[r, j]
-            rows[at[e]] = r
-            rw[at[e]] = wts[r, j]
-            hg[at[e]] = h[r]
-            at[e] += 1
-    ngu = _blocks_at(wgu, i * E) // 2  # gate/up pairs
-    ndown = _blocks_at(wdown, i * E)
-    te, tb = np.empty(hit * max(ngu, ndown), np.int64), np.empty(hit * max(ngu, ndown), np.int64)
-    ab = act_buffers(n, max(H, I))
-    act = np.empty((n, I), np.float32)
-    out = np.empty((n, H), np.float32)
-    for kind in range(2):
-        nb = ngu if kind == 0 else ndown
-        t = 0
-        for e in range(E):
-            if off[e + 1] > off[e]:
-                for b in range(nb):
-                    te[t] = e
-                    tb[t] = b
-                    t += 1
-        if kind == 0:
-            _expert_layer(acts(hg, wgu[0], ab), wgu, i * E, off, te[:t], tb[:t], bgu, act, gated)
-        else:
-            _expert_layer(acts(act, wdown[0], ab), wdown, i * E, off, te[:t], tb[:t], bdown, out, STORE)
     y[:] = 0.0
+    rows = np.empty(R, np.int64)
+    rw = np.empty(R, np.float32)
     for e in range(E):
-        for j in range(off[e], off[e + 1]):
+        n = 0
+        for r in range(R):
+            for j in range(k):
+                if idx[r, j] == e:
+                    rows[n] = r
+                    rw[n] = wts[r, j]
+                    n += 1
+        if n == 0:
+            continue
+        he = np.empty((n, H), np.float32)
+        for j in range(n):
+            he[j] = h[rows[j]]
+        u = i * E + e
+        act = np.empty((n, I), np.float32)
+        _linear_layer(acts(he, wgu[0], ab), wgu, u, bgu[u], act, gated)
+        out = np.empty((n, H), np.float32)
+        _linear_layer(acts(act, wdown[0], ab), wdown, u, bdown[u], out, STORE)
+        for j in range(n):
             r = rows[j]
             for c in range(H):
                 y[r, c] = y[r, c] + out[j, c] * rw[j]
 
 
-_EXPERTS = TwoBuilds(_experts, calls={"_linear_layer": _LINEAR_LAYER, "_expert_layer": _EXPERT_LAYER})
-_FORWARD = TwoBuilds(_forward, calls={"_linear_layer": _LINEAR_LAYER, "_experts": _EXPERTS})
+_FORWARD = TwoBuilds(_forward, calls={"_linear_layer": _LINEAR_LAYER})
 SERIAL_FORWARD = 1 << 19  # multiply-adds per forward below which one thread runs it all (~50 us)
 
 
