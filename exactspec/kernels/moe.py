@@ -14,7 +14,7 @@ import torch
 from numba import njit
 
 from .expf import exp32
-from .rows import softmax
+from .rows import _row_max, softmax
 
 
 @njit(inline="always")
@@ -25,10 +25,7 @@ def route_into(logits, k, norm, idx, wts):
     p = np.empty(E, np.float32)
     taken = np.empty(E, np.bool_)
     for r in range(R):
-        mx = np.float32(-np.inf)
-        for e in range(E):
-            if logits[r, e] > mx:
-                mx = logits[r, e]
+        mx = _row_max(logits[r])
         s = np.float32(0.0)
         for e in range(E):
             p[e] = exp32(logits[r, e] - mx)
