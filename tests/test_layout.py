@@ -10,7 +10,7 @@ PKG = Path(exactspec.__file__).parent
 # Lowest first. A module may import from its own room and from rooms before it, never after.
 LAYERS = [
     {"errors", "jsonfile"},
-    {"kernels"},
+    {"kernels", "cuda"},
     {"text"},
     {"model"},
     {"decode"},

@@ -1,4 +1,4 @@
-"""Make a Hugging Face transformers causal LM batch-invariant on CPU.
+"""Make a Hugging Face transformers causal LM batch-invariant, on the CPU or on a CUDA GPU.
 
     model = AutoModelForCausalLM.from_pretrained(path)
     with exactspec.hf.patch(model):                  # or: with exactspec.hf.batch_invariant():
@@ -9,9 +9,13 @@ logits of a position depend on that position's prefix alone (not on how many tok
 sequences share the forward call, the cache length or the thread count), and greedy, assisted and
 prompt-lookup generation give the same tokens.
 
+The kernels are a backend's (backends.py): 'numba' runs exactspec's CPU kernels, 'triton' the Triton
+kernels of exactspec.cuda on a CUDA device (chosen by the model's device unless `backend=` says). Below,
+the CPU kernels' names; the Triton ones keep the same per-row contract (exactspec/cuda/kernels.py).
+
 How (instance-level: the model's modules are swapped back on exit; the one global step, registering
-the "exactspec" attention function with transformers' `AttentionInterface`, is done once and is inert
-for a model that does not select it):
+the "exactspec" and "exactspec_triton" attention functions with transformers' `AttentionInterface`, is
+done once and is inert for a model that does not select them):
 * each `nn.Linear` -> `kernels.linear` (fixed k order, float32 accumulation, result cast back to the
   weight's dtype as torch's bf16 matmul does); packed weights are made on first use and kept while
   the patch is on (memory: one extra copy of the weights);
@@ -34,7 +38,8 @@ few module types of known architectures covers every step, is checked module by 
 unknown module type is an error), and is undone by deleting instance attributes.
 
 Covered: transformers >= 5.0, < 6; model types llama, mistral, qwen2, qwen3; rope types default,
-linear, llama3; float32 or bfloat16 parameters on CPU; inference only (under torch.no_grad()).
+linear, llama3; float32 or bfloat16 parameters on the CPU, float32, bfloat16 or float16 on CUDA;
+inference only (under torch.no_grad()).
 Anything else raises UnsupportedModelError or InvalidRequest before anything is changed.
 """
 from __future__ import annotations
@@ -50,12 +55,12 @@ from torch import nn
 
 from .. import kernels
 from ..errors import InvalidRequest, UnsupportedModelError
-from .attention import masked_attention
+from . import backends
+from .interface import register
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 TRANSFORMERS_RANGE = ((5, 0), (6, 0))  # [low, high)
-ATTN_NAME = "exactspec"
 _NORM_CLASSES = tuple(f"{p}RMSNorm" for p in ("Llama", "Mistral", "Qwen2", "Qwen3"))
 _ROTARY_CLASSES = tuple(f"{p}RotaryEmbedding" for p in ("Llama", "Mistral", "Qwen2", "Qwen3"))
 _MLP_CLASSES = tuple(f"{p}MLP" for p in ("Llama", "Mistral", "Qwen2", "Qwen3"))
@@ -93,35 +98,25 @@ def check_transformers_version(version: str | None = None) -> None:
 # Replacement forwards, installed as each module's instance `forward`.
 # ---------------------------------------------------------------------------------------------
 
-def _rows(x: torch.Tensor, name: str, dtype: torch.dtype | None = None) -> np.ndarray:
-    """(..., K) input -> (M, K) float32 C-contiguous array (bfloat16 widens exactly). `dtype`: the
-    dtype the input must have (a linear's weight dtype, as torch requires)."""
+def _check_input(x: torch.Tensor, name: str, dtype: torch.dtype | None = None) -> None:
+    """`dtype`: the dtype the input must have (a linear's weight dtype, as torch requires)."""
     if dtype is not None and x.dtype != dtype:
         raise InvalidRequest(f"{name}: input dtype {x.dtype} does not match weight dtype {dtype}")
-    if not x.is_cpu:
-        raise InvalidRequest(f"{name}: input is on {x.device}; exactspec's kernels run on CPU only")
     if x.requires_grad and torch.is_grad_enabled():
         raise InvalidRequest(f"{name}: exactspec.hf is inference-only (no autograd through its kernels); "
                                    "run the model under torch.no_grad() or torch.inference_mode()")
-    r = x.reshape(-1, x.shape[-1])
-    return (r.float() if r.dtype != torch.float32 else r.contiguous()).numpy()
-
-
-def _out(y: np.ndarray, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-    t = torch.from_numpy(y)
-    return (t if dtype == torch.float32 else t.to(dtype)).view(*shape)
 
 
 class _Packed:
     """Packed weights of one or more nn.Linear (concatenated along outputs), re-packed whenever a
     weight or bias is replaced or changed in place."""
 
-    def __init__(self, *linears: nn.Linear):
-        self.linears = linears
+    def __init__(self, ops, *linears: nn.Linear):
+        self.ops, self.linears = ops, linears
         self.key: tuple = ()
-        self.packed: kernels.PackedWeight | None = None
+        self.packed = None
 
-    def get(self) -> kernels.PackedWeight:
+    def get(self):
         key = tuple((id(t), t.data_ptr(), t._version) for m in self.linears for t in (m.weight, m.bias)
                     if t is not None)
         if key != self.key:
@@ -129,24 +124,24 @@ class _Packed:
                 w = torch.cat([m.weight.detach() for m in self.linears])
                 bias = None
                 if any(m.bias is not None for m in self.linears):
-                    bias = torch.cat([m.bias.detach().float() if m.bias is not None else torch.zeros(m.out_features)
-                                      for m in self.linears])
-                self.packed = kernels.pack_weight(w, bias)
+                    bias = torch.cat([m.bias.detach().float() if m.bias is not None
+                                      else torch.zeros(m.out_features, device=w.device) for m in self.linears])
+                self.packed = self.ops.pack(w, bias)
             self.key = key
         return self.packed
 
 
 class _Linears:
-    """nn.Linear.forward through kernels.linear, the result cast to the weight's dtype as torch does.
+    """nn.Linear.forward through the backend's linear, the result in the weight's dtype as torch's.
 
     Linears that take the same input (an attention module's q, k and v projections) are grouped:
     the first call with an input tensor computes all their outputs in one kernel call, and the
     others' calls with that same tensor take their share. A column's bits are the same either way
     (each output is its own k-ordered sum), so grouping only saves calls."""
 
-    def __init__(self, modules: list[nn.Linear], names: list[str]):
-        self.modules, self.names = modules, names
-        self.weights = _Packed(*modules)
+    def __init__(self, ops, modules: list[nn.Linear], names: list[str]):
+        self.ops, self.modules, self.names = ops, modules, names
+        self.weights = _Packed(ops, *modules)
         self.bounds = np.cumsum([0] + [m.out_features for m in modules]).tolist()
         self.pending: tuple | None = None  # (input, its version, thread, outputs, indices not yet taken)
 
@@ -162,47 +157,48 @@ class _Linears:
             if not p[4]:
                 self.pending = None
         else:
-            y = kernels.linear_np(_rows(x, self.names[i], dtype), self.weights.get())
+            _check_input(x, self.names[i], dtype)
+            y = self.ops.linear(x, self.weights.get(), self.names[i], dtype)
             rest = set(range(len(self.modules))) - {i}
             self.pending = (x, x._version, threading.get_ident(), y, rest) if rest else None
         lo, hi = self.bounds[i], self.bounds[i + 1]
-        part = y if len(self.modules) == 1 else np.ascontiguousarray(y[:, lo:hi])
-        return _out(part, (*x.shape[:-1], hi - lo), dtype)
+        part = y if len(self.modules) == 1 else y[:, lo:hi]
+        return part.reshape(*x.shape[:-1], hi - lo)
 
 
 class _MLP:
     """The SwiGLU MLP, down(silu(gate(x)) * up(x)), as two linear kernel calls: gate and up packed
-    together, silu * up per row, down. Intermediates stay float32 (transformers rounds them to the
-    model dtype; the result is closer to float64, and as invariant)."""
+    together, silu * up per row, down (the intermediate as the backend keeps it: float32 on the CPU,
+    closer to float64 than transformers' rounding to the model dtype, and as invariant)."""
 
-    def __init__(self, module: nn.Module, name: str):
-        self.name, self.down_proj = name, module.down_proj
-        self.gate_up, self.down = _Packed(module.gate_proj, module.up_proj), _Packed(module.down_proj)
+    def __init__(self, ops, module: nn.Module, name: str):
+        self.ops, self.name, self.down_proj = ops, name, module.down_proj
+        self.gate_up, self.down = _Packed(ops, module.gate_proj, module.up_proj), _Packed(ops, module.down_proj)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         dtype = self.down_proj.weight.dtype
-        h = kernels.silu_mul_np(kernels.linear_np(_rows(x, self.name, dtype), self.gate_up.get()))
-        y = kernels.linear_np(h, self.down.get())
-        return _out(y, (*x.shape[:-1], y.shape[1]), dtype)
+        _check_input(x, self.name, dtype)
+        y = self.ops.mlp(x, self.gate_up.get(), self.down.get(), self.name, dtype)
+        return y.view(*x.shape[:-1], y.shape[1])
 
 
 class _RMSNorm:
     """transformers: w * (x.float() * rsqrt(mean(x^2) + eps)).to(x.dtype). The kernel computes the
-    normalized row (times a weight of ones: exact); the weight multiply stays as transformers does it."""
+    normalized row in x's dtype; the weight multiply stays as transformers does it."""
 
-    def __init__(self, module: nn.Module, name: str):
-        self.module, self.name = module, name
-        self.ones = np.ones(module.weight.shape[-1], np.float32)
+    def __init__(self, ops, module: nn.Module, name: str):
+        self.ops, self.module, self.name = ops, module, name
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = kernels.rmsnorm_np(_rows(x, self.name), self.ones, self.module.variance_epsilon)
-        return self.module.weight * _out(y, x.shape, x.dtype)
+        _check_input(x, self.name)
+        return self.module.weight * self.ops.rmsnorm(x, self.module.variance_epsilon, self.name).view(x.shape)
 
 
 class _Rotary:
-    """Rotary cos/sin from a per-position table (scalar libm per entry), grown as positions demand."""
+    """Rotary cos/sin from a per-position table (scalar libm per entry, on the CPU), grown as
+    positions demand, copied to the model's device."""
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, ops, module: nn.Module, name: str):
         self.module = module
         self.key: tuple | None = None
         self.cos = self.sin = torch.empty(0)
@@ -213,7 +209,8 @@ class _Rotary:
         key = (inv.data_ptr(), inv._version)
         if key != self.key or need > self.cos.shape[0]:
             n = max(need, 2 * self.cos.shape[0] if key == self.key else 256)
-            self.cos, self.sin = kernels.rope_table(inv.detach().float().cpu(), n)
+            cos, sin = kernels.rope_table(inv.detach().float().cpu(), n)
+            self.cos, self.sin = cos.to(inv.device), sin.to(inv.device)
             self.key = key
         scale = self.module.attention_scaling
         cos, sin = self.cos[position_ids], self.sin[position_ids]
@@ -222,67 +219,19 @@ class _Rotary:
         return cos.to(x.dtype), sin.to(x.dtype)
 
 
-def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                      **kwargs) -> tuple[torch.Tensor, None]:
-    """The "exactspec" entry of transformers' AttentionInterface. query (B, Hq, T, D), key/value
-    (B, Hkv, S, D), attention_mask (B, 1, T, S) bool from `_mask` -> ((B, T, Hq, D), None)."""
-    if dropout:
-        raise InvalidRequest("exactspec attention: dropout > 0 (training mode?); call model.eval()")
-    B, Hq, T, D = query.shape
-    S = key.shape[2]
-    mask = _mask_array(attention_mask, T, S)
-    scale = scaling if scaling is not None else D ** -0.5
-    out = masked_attention(query.float(), key.float(), value.float(), mask, scale)
-    return out.to(query.dtype), None
-
-
-_last_mask: tuple = (None, 0, None)  # (mask tensor, its version, its array): every layer of a forward gets the same mask
-
-
-def _mask_array(attention_mask: torch.Tensor | None, T: int, S: int) -> np.ndarray:
-    """The (B|1, 1, T, S) boolean mask as a (B|1, T, S) uint8 array, converted once per forward."""
-    global _last_mask
-    if attention_mask is None:  # no mask was asked for: plain causal, queries are the last T positions
-        i = torch.arange(T)[:, None] + (S - T)
-        return (torch.arange(S)[None, :] <= i)[None].to(torch.uint8).numpy()
-    last, version, arr = _last_mask
-    if last is attention_mask and version == attention_mask._version:
-        return arr
-    if attention_mask.dtype != torch.bool or attention_mask.shape[1] != 1 or attention_mask.shape[2:] != (T, S):
-        raise InvalidRequest(f"exactspec attention: expected a (B, 1, {T}, {S}) boolean mask, got "
-                                   f"{attention_mask.dtype} {tuple(attention_mask.shape)}")
-    arr = attention_mask[:, 0].to(torch.uint8).contiguous().numpy()
-    _last_mask = (attention_mask, attention_mask._version, arr)
-    return arr
-
-
-def _mask(**kwargs):
-    """transformers' sdpa mask, never skipped: the kernel always sees which keys a row may attend."""
-    from transformers.masking_utils import sdpa_mask
-    kwargs["allow_is_causal_skip"] = False
-    kwargs["allow_is_bidirectional_skip"] = False
-    return sdpa_mask(**kwargs)
-
-
-_registered = False
-
-
-def _register() -> None:
-    global _registered
-    if not _registered:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface
-        AttentionInterface.register(ATTN_NAME, attention_forward)
-        AttentionMaskInterface.register(ATTN_NAME, _mask)
-        _registered = True
-
-
 # ---------------------------------------------------------------------------------------------
 # Patching one model
 # ---------------------------------------------------------------------------------------------
 
-def _check(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+def _backend_for(model: nn.Module, backend: str | None) -> str:
+    """`backend` as given, else 'triton' for a model on a CUDA device and 'numba' otherwise."""
+    if backend is not None:
+        return backend
+    first = next(iter(model.parameters()), None)
+    return "triton" if first is not None and first.device.type == "cuda" else "numba"
+
+
+def _check(model: nn.Module, ops) -> list[tuple[str, nn.Module, str]]:
     """Validate everything first; return (name, module, kind) for the modules to override."""
     check_transformers_version()
     config = getattr(model, "config", None)
@@ -290,12 +239,15 @@ def _check(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     if mtype not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedModelError(f"exactspec.hf: model type {mtype!r} ({type(model).__name__}) is not supported; "
                                     f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    devices = set()
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if t.device.type != "cpu":
-            raise InvalidRequest(f"exactspec.hf: {name} is on {t.device}; exactspec's batch-invariant kernels "
-                                       "are CPU kernels. Move the model to CPU (model.to('cpu')) to patch it")
-        if t.is_floating_point() and t.dtype not in (torch.float32, torch.bfloat16):
-            raise UnsupportedModelError(f"exactspec.hf: {name} is {t.dtype}; float32 or bfloat16 supported")
+        ops.check_device(t.device, name)
+        devices.add(t.device)
+        if t.is_floating_point() and t.dtype not in ops.dtypes:
+            raise UnsupportedModelError(f"exactspec.hf: {name} is {t.dtype}; backend {ops.name!r} supports "
+                                        + " or ".join(str(d).removeprefix("torch.") for d in ops.dtypes))
+    if len(devices) > 1:
+        raise InvalidRequest(f"exactspec.hf: the model is spread over {sorted(map(str, devices))}; one device only")
     if getattr(config, "hidden_act", "silu") != "silu":
         raise UnsupportedModelError(f"exactspec.hf: hidden_act {config.hidden_act!r}; only 'silu' is supported")
     kinds = []
@@ -339,21 +291,22 @@ def _linear_groups(linears: dict[str, nn.Linear]) -> list[list[str]]:
 class Patch:
     """The installation on one model: replacement forwards in place, and what to restore."""
 
-    def __init__(self, model: nn.Module):
-        kinds = _check(model)  # raises before anything is changed
-        _register()
-        make = {"mlp": _MLP, "norm": _RMSNorm, "rotary": lambda m, name: _Rotary(m)}
-        forwards = [(m, make[kind](m, name)) for name, m, kind in kinds if kind != "linear"]
+    def __init__(self, model: nn.Module, backend: str):
+        ops = backends.ops(backend)
+        kinds = _check(model, ops)  # raises before anything is changed
+        register()
+        make = {"mlp": _MLP, "norm": _RMSNorm, "rotary": _Rotary}
+        forwards = [(m, make[kind](ops, m, name)) for name, m, kind in kinds if kind != "linear"]
         linears = {name: m for name, m, kind in kinds if kind == "linear"}
         for group in _linear_groups(linears):
-            shared = _Linears([linears[n] for n in group], group)
+            shared = _Linears(ops, [linears[n] for n in group], group)
             forwards += [(linears[n], shared.forward(i)) for i, n in enumerate(group)]
-        self.model = model
+        self.model, self.backend = model, backend
         self.saved = [(m, m.__dict__.get("forward")) for m, _ in forwards]
         for m, fwd in forwards:
             m.__dict__["forward"] = fwd  # an instance attribute: shadows the class's forward
         self.attn = model.config._attn_implementation
-        model.config._attn_implementation = ATTN_NAME
+        model.config._attn_implementation = ops.attn_name
 
     def restore(self) -> None:
         for m, old in self.saved:
@@ -371,11 +324,15 @@ _installed: dict[int, list] = {}  # id(model) -> [Patch, handle count]
 class Handle:
     """What `patch` returns: undo it (or leave its `with` block) to release this hold on the patch."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, backend: str | None = None):
+        backend = _backend_for(model, backend)
         with _lock:
             entry = _installed.get(id(model))
             if entry is None:
-                entry = _installed[id(model)] = [Patch(model), 0]
+                entry = _installed[id(model)] = [Patch(model, backend), 0]
+            elif entry[0].backend != backend:
+                raise InvalidRequest(f"exactspec.hf: the model is already patched with backend {entry[0].backend!r}, "
+                                     f"not {backend!r}")
             entry[1] += 1
         self.model = model
         self.active = True
@@ -398,9 +355,11 @@ class Handle:
         self.undo()
 
 
-def patch(model: nn.Module) -> Handle:
-    """Make `model` batch-invariant until the returned handle is undone (or its `with` block ends)."""
-    return Handle(model)
+def patch(model: nn.Module, backend: str | None = None) -> Handle:
+    """Make `model` batch-invariant until the returned handle is undone (or its `with` block ends).
+    backend: 'numba' (exactspec's CPU kernels) or 'triton' (exactspec.cuda's); by default 'triton' for
+    a model on a CUDA device, 'numba' otherwise."""
+    return Handle(model, backend)
 
 
 def is_patched(model: nn.Module) -> bool:
@@ -408,14 +367,15 @@ def is_patched(model: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def batch_invariant(*models: nn.Module) -> Iterator[None]:
+def batch_invariant(*models: nn.Module, backend: str | None = None) -> Iterator[None]:
     """Inside the block, the given models - or, given none, every transformers model called in this
-    process - run batch-invariant. A model of an unsupported kind raises when it is called."""
+    process - run batch-invariant (backend: as `patch`'s). A model of an unsupported kind raises when
+    it is called."""
     if models:
         handles = []
         try:
             for m in models:
-                handles.append(patch(m))
+                handles.append(patch(m, backend))
             yield
         finally:
             for h in reversed(handles):
@@ -430,7 +390,7 @@ def batch_invariant(*models: nn.Module) -> Iterator[None]:
     def call(self, *args, **kwargs):
         with _lock:
             if id(self) not in covered and not is_patched(self):
-                handles.append(patch(self))
+                handles.append(patch(self, backend))
                 covered.update(id(m) for m in self.modules())
         return previous(self, *args, **kwargs)
 
