@@ -27,9 +27,9 @@ def launches() -> list[tuple[str, object, dict, dict, dict]]:
     """(name, kernel, signature, constexprs, options) of every launch configuration checked."""
     out = []
     for dt, ptr in DTYPES.items():
-        for n, k in SHAPES:
+        for n, k in SHAPES if dt == "bf16" else SHAPES[::3]:  # every shape in bfloat16 (the seed's dtype)
             bm, bn, bk, warps, stages = K.matmul_config(n, k)
-            for bias in (False, True):
+            for bias in (False, True) if (n, k) == SHAPES[0] else (False,):
                 sig = dict(x=ptr, w=ptr, b="*fp32" if bias else ptr, y=ptr, M="i32", N="i32", K="i32")
                 const = dict(HAS_BIAS=bias, BM=bm, BN=bn, BK=bk, UPCAST=False, IEEE=dt == "fp32")
                 out.append((f"matmul {dt} {n}x{k} bias={bias}", K._matmul_kernel, sig, const,
