@@ -91,6 +91,9 @@ def llama3_factors(f: torch.Tensor, s: dict) -> torch.Tensor:
                                                                          blended))
 
 
+ROPE_START = 1024  # positions the RoPE tables cover at load (they grow as positions demand)
+
+
 class Transformer:
     kv_dtype = "float32"  # how its KV caches store keys and values ("bfloat16": half the memory; api.load)
 
@@ -126,9 +129,8 @@ class Transformer:
         self.dtype = p.name()  # e.g. "q4_1+q8_0+float32": the formats kept, then the rest
         # what quantized weights multiply: int8 rows (integer dot products) or float32 ones
         self.activations = activations if any(p.fmt.values()) else "float32"
-        tables = [K.rope_table(inv_freq(cfg, lc), max_context) for lc in ((False, True) if local else (False,))]
-        self.cos = torch.stack([c for c, _ in tables])  # (T, C, D) each: the global table, then the local one
-        self.sin = torch.stack([s for _, s in tables])
+        self._rope_kinds = (False, True) if local else (False,)  # the global table, then the local one
+        self._grow_rope(min(max_context, ROPE_START))
         self.windows = np.array(cfg.windows(), np.int64)  # each layer's window (0: none)
         self.rope_of = np.array(cfg.rope_tables(), np.int64)  # each layer's table
         self.scale = cfg.query_scale if cfg.query_scale is not None else 1.0 / math.sqrt(D)
@@ -138,7 +140,6 @@ class Transformer:
         else:
             e = embed.contiguous()
             self._embed_np = K.as_numpy(e)
-        self._cos_np, self._sin_np = self.cos.numpy(), self.sin.numpy()
         # Weights are read-only from here on (the kernels never write them). Also one numba type for
         # every way a model is made: arrays from Ray's object store are read-only, and a read-only
         # array is a different type to numba (another compile) than a writable one.
@@ -174,6 +175,14 @@ class Transformer:
         """Bytes of one block of this model's KV cache."""
         return block_bytes(self.cfg.n_layers, self.cfg.n_kv_heads, self.cfg.head_dim, self.kv_dtype)
 
+    def _grow_rope(self, n: int) -> None:
+        """RoPE tables (T, n, D) for positions < n: made as positions demand (doubling, up to max_context),
+        not for all of max_context at load (Gemma 3: 34 MB). An entry is a function of its position alone
+        (kernels.rope_table), so a longer table holds the same bits for every earlier position."""
+        tables = [K.rope_table(inv_freq(self.cfg, lc), n) for lc in self._rope_kinds]
+        cos, sin = torch.stack([c for c, _ in tables]), torch.stack([s for _, s in tables])
+        self.cos, self.sin, self._cos_np, self._sin_np = cos, sin, cos.numpy(), sin.numpy()
+
     def _check(self, tokens: np.ndarray, pos: np.ndarray, slot: np.ndarray, cache: KVCache) -> None:
         # Not an input check (request.make_request / check_prompt do those, once): a guard for the
         # kernels, which index raw memory, against a caller of forward that broke its contract.
@@ -183,6 +192,8 @@ class Transformer:
             raise IndexError(f"forward: rows outside the model or cache (token ids {int(tokens.min())}.."
                              f"{int(tokens.max())} of {self.cfg.vocab_size}, positions {int(pos.min())}.."
                              f"{int(pos.max())} of {cache.capacity}, slots up to {int(slot.max())} of {cache.n_slots})")
+        if tokens.shape[0] and int(pos.max()) >= self._cos_np.shape[1]:
+            self._grow_rope(min(self.max_context, max(int(pos.max()) + 1, 2 * self._cos_np.shape[1])))
 
     def forward(self, tokens: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, cache: KVCache,
                 out_rows: torch.Tensor | None = None, x_in: np.ndarray | None = None,

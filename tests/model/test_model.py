@@ -142,3 +142,20 @@ def test_fused_forward_equals_the_per_kernel_twin(ckpt, arch, dtype, monkeypatch
         for sl, n in ((0, len(a)), (1, len(b))):
             for got, ref in zip(cache.gather(sl, n), ref_cache.gather(sl, n)):
                 assert torch.equal(got, ref)
+
+
+def test_rope_tables_grow_with_positions_and_hold_the_same_bits(ckpt, monkeypatch):
+    """The RoPE tables cover ROPE_START positions at load and grow (doubling) as positions demand; an entry
+    is a function of its position alone, so the logits are those of tables made whole at load."""
+    from exactspec.model import transformer
+    monkeypatch.setattr(transformer, "ROPE_START", 16)
+    folder = ckpt("gemma3")  # a global and a local table
+    model = exactspec.load(folder)
+    assert model.net._cos_np.shape[:2] == (2, 16)
+    ids = _prompt(70, seed=5)
+    grown = _decode_logits(model, ids, _chunks(70, 9))
+    assert model.net._cos_np.shape[1] == 128 and model.net.cos.shape[1] == 128
+    whole = exactspec.load(folder)
+    whole.net._grow_rope(whole.net.max_context)
+    assert torch.equal(_decode_logits(whole, ids, [70]), grown)
+    assert torch.equal(whole.net.cos[:, :128], model.net.cos) and torch.equal(whole.net.sin[:, :128], model.net.sin)
