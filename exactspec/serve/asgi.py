@@ -107,7 +107,7 @@ class Guard:
         if size > MAX_HEADER_BYTES:  # h11's own limit bites only on headers split across reads
             resp = JSONResponse(error_body(f"request line and headers exceed {MAX_HEADER_BYTES} bytes",
                                            "invalid_request_error"), status_code=431, headers={"Connection": "close"})
-            await resp(scope, receive, send)
+            await _refuse(resp, scope, receive, send)
             self.metrics.requests.labels("(headers too large)", "431").inc()
             return
 
@@ -122,13 +122,13 @@ class Guard:
                 resp = JSONResponse(error_body("Incorrect API key provided (send Authorization: Bearer KEY)",
                                                "invalid_request_error", code="invalid_api_key"), status_code=401,
                                     headers={"WWW-Authenticate": "Bearer"})
-                await resp(scope, receive, send_status)
+                await _refuse(resp, scope, receive, send_status)
                 self.metrics.requests.labels("(unauthorized)", "401").inc()
                 return
         if self.draining() and scope["path"].startswith("/v1/"):  # shutting down: nothing new is admitted
             resp = JSONResponse(error_body("the server is shutting down; retry (on another replica)", "server_error"),
                                 status_code=503, headers={"Connection": "close", "Retry-After": "1"})
-            await resp(scope, receive, send_status)
+            await _refuse(resp, scope, receive, send_status)
             self.metrics.requests.labels("(shutting down)", "503").inc()
             return
         try:
@@ -172,6 +172,15 @@ class BodyLimit:
         async def replay():
             return chunks.pop(0) if chunks else await receive()
         await self.app(scope, replay, send)
+
+
+async def _refuse(resp, scope, receive, send) -> None:
+    """Answer a request refused before its body was read: the body is read and dropped first (bounded;
+    not where the client waits for 100-continue), as BodyLimit's 413 does, so the answer is not lost to
+    a reset when the connection closes under body bytes still arriving."""
+    if dict(scope.get("headers") or []).get(b"expect", b"").lower() != b"100-continue":
+        await _drain(receive, DRAIN_BYTES, [])
+    await resp(scope, receive, send)
 
 
 async def _drain(receive, budget: int, seen: list) -> None:

@@ -411,6 +411,31 @@ def test_headers_over_16_kb_get_431(serve):
     assert r.status_code == 200
 
 
+@pytest.mark.parametrize("head,status", [("x-pad: " + "p" * (17 << 10), 431), ("Authorization: Bearer wrong", 401)])
+def test_a_refusal_decided_on_the_headers_reads_the_body_first(serve, head, status):
+    """A refusal decided on the headers (431, 401) answered and closed with the body unread. A socket closed
+    with unread data sends RST, which can cut the answer off at the client: CI saw ECONNRESET reading a
+    431's body (test_headers_over_16_kb_get_431, loaded machine). Now the body is read and dropped first
+    (as BodyLimit's 413 does): no answer before the body has arrived, then the answer."""
+    s = serve(ServeOptions(api_key="sekreT"))
+    body = b'{"prompt": "a", "max_tokens": 1}'
+    with socket.create_connection(("127.0.0.1", s.port), timeout=30) as c:
+        c.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{head}\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n".encode())
+        c.settimeout(0.5)
+        with pytest.raises(TimeoutError):  # the server waits for the body: nothing to read yet
+            c.recv(65536)
+        c.settimeout(30)
+        c.sendall(body)
+        got = b""
+        while b"\r\n\r\n" not in got:
+            chunk = c.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+    assert got.startswith(f"HTTP/1.1 {status} ".encode()), got[:80]
+
+
 def test_a_20_mb_body_from_urllib_gets_its_413(serve):
     """urllib writes the whole body before it reads: the server must read (and drop) what it refused,
     or its close resets the connection under the client's writes."""
