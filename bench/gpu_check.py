@@ -2,11 +2,11 @@
 bfloat16 with a small assistant, unpatched vs under exactspec.hf.patch (exactspec.cuda's Triton kernels);
 then the kernels' invariance checks on the device. One command, nothing installed or downloaded:
 
-    python bench/gpu_check.py [--prompts 8] [--tokens 128] [--shape 7b|1b|tiny] [--json OUT]
+    python bench/gpu_check.py [--prompts 6] [--tokens 128] [--shape 7b|1b|tiny] [--json OUT]
 
 Models are random (fixed seeds; no download): the target in Llama-2-7B's shape (32 layers, hidden
 4096, 32 heads, intermediate 11008, vocabulary 32000), the assistant a 2-layer Llama of hidden 512 on the
-same vocabulary. Prompts are random token ids (32 each). For each of unpatched / patched: plain greedy,
+same vocabulary. Prompts are random token ids (32 each; 6 by default). For each of unpatched / patched: plain greedy,
 assisted (assistant_model) and prompt lookup (prompt_lookup_num_tokens=4) per prompt, `--tokens` new
 tokens each (eos ignored); how many prompts' assisted / lookup output leaves that run's greedy output,
 and tokens/s of each (prompt included in the timing, one prompt at a time, after one warm-up prompt).
@@ -126,7 +126,7 @@ def kernel_checks(shape: tuple, device: str, dtype: torch.dtype) -> list[tuple[s
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="7b")
-    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--prompts", type=int, default=6)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--device", default="cuda")
     p.add_argument("--json", help="also write the results here")
