@@ -32,6 +32,9 @@ class NumbaOps:
     attn_name = "exactspec"  # interface.ATTN_NAME
     dtypes = (torch.float32, torch.bfloat16)
 
+    def __init__(self):
+        self._ones: dict[int, np.ndarray] = {}
+
     def check_device(self, device: torch.device, where: str) -> None:
         if device.type != "cpu":
             raise InvalidRequest(f"exactspec.hf: {where} is on {device}; backend 'numba' runs exactspec's CPU kernels. "
@@ -50,9 +53,12 @@ class NumbaOps:
         return _np_out(kernels.linear_np(h, down), dtype)
 
     def rmsnorm(self, x: torch.Tensor, eps: float, name: str) -> torch.Tensor:
-        """(..., K) -> x * rsqrt(mean(x^2) + eps) as (M, K) in x's dtype."""
+        """(..., K) -> x * rsqrt(mean(x^2) + eps) as (M, K) in x's dtype (the kernel's weight: ones, exact)."""
         rows = _np_rows(x, name)
-        return _np_out(kernels.rmsnorm_np(rows, np.ones(rows.shape[1], np.float32), eps), x.dtype)
+        ones = self._ones.get(rows.shape[1])
+        if ones is None:
+            ones = self._ones[rows.shape[1]] = np.ones(rows.shape[1], np.float32)
+        return _np_out(kernels.rmsnorm_np(rows, ones, eps), x.dtype)
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                   scale: float) -> torch.Tensor:
