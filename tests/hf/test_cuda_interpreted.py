@@ -88,6 +88,22 @@ def test_attention_rows_are_the_same_in_prefill_decode_verify_padding_and_long_c
     assert torch.equal(both[0], full[0])
 
 
+def test_attention_sliding_window_rows_are_the_same_alone_and_close():
+    T, W = 45, 11  # each row's keys start at its window's first key, not at position 0
+    q, k, v = randn(1, 2, T, 16, dtype=torch.bfloat16), randn(1, 1, T, 16, seed=1), randn(1, 1, T, 16, seed=2)
+    k, v = k.bfloat16(), v.bfloat16()
+    s, t = torch.arange(T)[None, :], torch.arange(T)[:, None]
+    window = ((s <= t) & (s > t - W))[None]
+    full = K.attention(q, k, v, window, 0.25)
+    assert (full.double() - K.attention_ref(q, k, v, window, 0.25)).abs().max() < 2e-2
+    for i in (3, 20, 33, 44):  # a decode row over the whole cache, and over just its window
+        assert torch.equal(K.attention(q[:, :, i:i + 1], k[:, :, :i + 1], v[:, :, :i + 1], window[:, i:i + 1, :i + 1],
+                                       0.25)[:, 0], full[:, i])
+        lo = max(0, i - W + 1)
+        assert torch.equal(K.attention(q[:, :, i:i + 1], k[:, :, lo:i + 1], v[:, :, lo:i + 1], window[:, i:i + 1, lo:i + 1],
+                                       0.25)[:, 0], full[:, i])
+
+
 def test_attention_row_with_no_allowed_key_is_zeros():
     q, k = randn(1, 2, 3, 16), randn(1, 2, 5, 16, seed=1)
     mask = causal(3, 5)
