@@ -2,7 +2,7 @@
 bfloat16 with a small assistant, unpatched vs under exactspec.hf.patch (exactspec.cuda's Triton kernels);
 then the kernels' invariance checks on the device. One command, nothing installed or downloaded:
 
-    python bench/gpu_check.py [--prompts 6] [--tokens 128] [--shape 7b|1b|tiny] [--json OUT]
+    python bench/gpu_check.py [--prompts 6] [--tokens 128] [--shape 7b|1b|tiny] [--budget 360] [--json OUT]
 
 Models are random (fixed seeds; no download): the target in Llama-2-7B's shape (32 layers, hidden
 4096, 32 heads, intermediate 11008, vocabulary 32000), the assistant a 2-layer Llama of hidden 512 on the
@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=6)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--budget", type=float, default=360.0, help="seconds for the generation runs (fewer prompts if needed)")
     p.add_argument("--json", help="also write the results here")
     a = p.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -148,7 +149,16 @@ def main(argv: list[str] | None = None) -> int:
     draft = llama(small, 1, a.device, dtype)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(2, shape[5], (1, 32), generator=gen).to(a.device) for _ in range(a.prompts)]
-    print(f"models made in {time.perf_counter() - t0:.0f} s; unpatched:", flush=True)
+    t1 = time.perf_counter()  # one greedy answer, to fit the runs in --budget (a slower GPU: fewer prompts)
+    generate(target, prompts[0], a.tokens)
+    sync(a.device)
+    per = time.perf_counter() - t1
+    fit = max(2, int(a.budget / (per * 9)))  # 3 modes unpatched, 3 patched: allow the patched ones 2x
+    if fit < len(prompts):
+        print(f"one answer took {per:.1f} s: {fit} prompts fit --budget {a.budget:.0f} s, not {len(prompts)}")
+        prompts = prompts[:fit]
+        a.prompts = fit
+    print(f"models made in {t1 - t0:.0f} s; unpatched:", flush=True)
     results = {"device": gpu, "shape": a.shape, "prompts": a.prompts, "tokens": a.tokens}
     results["unpatched"] = run_modes(target, draft, prompts, a.tokens, a.device)
     print("patched (exactspec.hf.patch, Triton kernels):", flush=True)
