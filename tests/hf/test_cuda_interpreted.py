@@ -61,7 +61,7 @@ def causal(T: int, S: int) -> torch.Tensor:
     return (torch.arange(S)[None, :] <= torch.arange(T)[:, None] + (S - T))[None]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES[:2])  # float32 math after the load; fp16 loads: the matmul test
 def test_attention_rows_are_the_same_in_prefill_decode_verify_padding_and_long_caches(dtype):
     B, Hq, Hkv, T, D = 1, 4, 2, 40, 24  # GQA, a head size that is not a power of 2, 40 keys > 32 (ATTN_BN)
     q, k, v = randn(B, Hq, T, D, dtype=dtype), randn(B, Hkv, T, D, dtype=dtype, seed=1), randn(B, Hkv, T, D, dtype=dtype, seed=2)
@@ -160,7 +160,7 @@ def test_patched_generate_assisted_and_lookup_equal_greedy():
     ids = prompt(5, 12)
 
     def gen(**kw):
-        return target.generate(ids, max_new_tokens=20, min_new_tokens=20, **GREEDY, **kw)
+        return target.generate(ids, max_new_tokens=16, min_new_tokens=16, **GREEDY, **kw)
 
     with H.batch_invariant(target, draft, backend="triton"):
         assert target.config._attn_implementation == H.ATTN_NAME_TRITON
