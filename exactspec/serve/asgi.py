@@ -162,24 +162,22 @@ class BodyLimit:
             if not msg.get("more_body"):
                 break
         if too_big:
-            headers = dict(scope.get("headers") or [])
-            if headers.get(b"expect", b"").lower() != b"100-continue":  # a client that sends it all first
-                await _drain(receive, DRAIN_BYTES - n, chunks)  # reads the answer once it is sent: no reset
             resp = JSONResponse(error_body(f"request body exceeds {self.limit} bytes", "invalid_request_error"),
                                 status_code=413, headers={"Connection": "close"})
-            return await resp(scope, receive, send)
+            return await _refuse(resp, scope, receive, send, chunks, DRAIN_BYTES - n)
 
         async def replay():
             return chunks.pop(0) if chunks else await receive()
         await self.app(scope, replay, send)
 
 
-async def _refuse(resp, scope, receive, send) -> None:
-    """Answer a request refused before its body was read: the body is read and dropped first (bounded;
-    not where the client waits for 100-continue), as BodyLimit's 413 does, so the answer is not lost to
-    a reset when the connection closes under body bytes still arriving."""
+async def _refuse(resp, scope, receive, send, seen: list | None = None, budget: int = DRAIN_BYTES) -> None:
+    """Answer a request refused before all of its body was read (`seen`: the body messages read so far):
+    the rest is read and dropped first (up to `budget` bytes; not where the client waits for
+    100-continue), so the answer is not lost to a reset when the connection closes under body bytes
+    still arriving (a client that sends it all first)."""
     if dict(scope.get("headers") or []).get(b"expect", b"").lower() != b"100-continue":
-        await _drain(receive, DRAIN_BYTES, [])
+        await _drain(receive, budget, seen or [])
     await resp(scope, receive, send)
 
 
