@@ -233,22 +233,30 @@ def _attention_kernel(q, k, v, mask, lohi, o, T, S, Hq, HKV, D, scale, MASK_B: t
 ATTN_BN = 32
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+def attention_bounds(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """mask (B or 1, T, S) bool -> (the mask as uint8, (B or 1, T, 2) int32: each row's first allowed key
+    and one past its last; 0, 0 where it allows none). One forward's layers share them (exactspec.hf)."""
+    mask = mask.bool()
+    S = mask.shape[-1]
+    lohi = torch.zeros(*mask.shape[:2], 2, dtype=torch.int32, device=mask.device)
+    any_ = mask.any(-1)
+    idx = torch.arange(S, device=mask.device)
+    lohi[..., 0] = torch.where(mask, idx, S).amin(-1).where(any_, 0).to(torch.int32)
+    lohi[..., 1] = torch.where(mask, idx + 1, 0).amax(-1).where(any_, 0).to(torch.int32)
+    return mask.to(torch.uint8).contiguous(), lohi
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+              bounds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """transformers' layout: q (B, Hq, T, D), k/v (B, Hkv, S, D), mask (B or 1, T, S) bool (True = attend)
     -> (B, T, Hq, D) in q's dtype. Row t attends the keys its mask row allows, scored from the first
-    allowed key in blocks of ATTN_BN."""
+    allowed key in blocks of ATTN_BN. bounds: `attention_bounds(mask)`, if the caller has them."""
     B, Hq, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     out = torch.empty(B, T, Hq, D, dtype=q.dtype, device=q.device)
     if out.numel() == 0:
         return out
-    mask = mask.bool()
-    lohi = torch.zeros(mask.shape[0], T, 2, dtype=torch.int32, device=q.device)
-    any_ = mask.any(-1)
-    idx = torch.arange(S, device=q.device)
-    lohi[..., 0] = torch.where(mask, idx, S).amin(-1).where(any_, 0).to(torch.int32)
-    lohi[..., 1] = torch.where(mask, idx + 1, 0).amax(-1).where(any_, 0).to(torch.int32)
-    mask = mask.to(torch.uint8).contiguous()
+    mask, lohi = bounds if bounds is not None else attention_bounds(mask)
     if mask.shape[0] != B:
         lohi = lohi.expand(B, T, 2)
     _attention_kernel[(T, B * Hq)](q.contiguous(), k.contiguous(), v.contiguous(), mask, lohi.contiguous(), out,

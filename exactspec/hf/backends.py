@@ -29,7 +29,7 @@ def _np_out(y: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 class NumbaOps:
     """exactspec's CPU kernels (numba): float32 arithmetic, float32 MLP intermediates."""
     name = "numba"
-    attn_name = "exactspec"  # interface.ATTN_NAME
+    attn_name = "exactspec"  # its attention's name in transformers' AttentionInterface (interface.py)
     dtypes = (torch.float32, torch.bfloat16)
 
     def __init__(self):
@@ -63,24 +63,29 @@ class NumbaOps:
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                   scale: float) -> torch.Tensor:
         """q (B, Hq, T, D), k/v (B, Hkv, S, D), mask (B|1, T, S) bool -> (B, T, Hq, D) in q's dtype."""
-        arr = _mask_array(mask)
+        arr = _per_mask(mask, _mask_array)
         return masked_attention(q.float(), k.float(), v.float(), arr, scale).to(q.dtype)
 
 
-_last_mask: tuple = (None, None, None)  # (a mask's base tensor, held; its view and version; its array)
+_last_mask: tuple = (None, None, None)  # (a mask's base tensor, held; its view and version; what it became)
+
+
+def _per_mask(mask: torch.Tensor, convert):
+    """convert(mask), once per forward: every layer gets a view of the same mask tensor (holding that
+    tensor keeps its memory from being another mask's)."""
+    global _last_mask
+    base = mask._base if mask._base is not None else mask
+    view = (mask.storage_offset(), tuple(mask.shape), mask.stride(), mask._version, convert)
+    if _last_mask[0] is base and _last_mask[1] == view:
+        return _last_mask[2]
+    got = convert(mask)
+    _last_mask = (base, view, got)
+    return got
 
 
 def _mask_array(mask: torch.Tensor) -> np.ndarray:
-    """(B|1, T, S) bool -> uint8 array, converted once per forward (every layer gets a view of the same
-    mask tensor; holding that tensor keeps its memory from being another mask's)."""
-    global _last_mask
-    base = mask._base if mask._base is not None else mask
-    view = (mask.storage_offset(), tuple(mask.shape), mask.stride(), mask._version)
-    if _last_mask[0] is base and _last_mask[1] == view:
-        return _last_mask[2]
-    arr = mask.to(torch.uint8).contiguous().numpy()
-    _last_mask = (base, view, arr)
-    return arr
+    """(B|1, T, S) bool -> uint8 array."""
+    return mask.to(torch.uint8).contiguous().numpy()
 
 
 class TritonOps:
@@ -88,7 +93,7 @@ class TritonOps:
     silu(gate) * up rounded to the model's dtype before `down` (as transformers does), so a bfloat16
     model's matmuls all run on tensor cores."""
     name = "triton"
-    attn_name = "exactspec_triton"  # interface.ATTN_NAME_TRITON
+    attn_name = "exactspec_triton"
     dtypes = (torch.float32, torch.bfloat16, torch.float16)
 
     def __init__(self):
@@ -126,10 +131,11 @@ class TritonOps:
         return self.k.matmul(self.k.silu_mul(gu, dtype), down[0], down[1], dtype)
 
     def rmsnorm(self, x, eps, name):
+        self.check_device(x.device, name)
         return self.k.rmsnorm(x.reshape(-1, x.shape[-1]), eps)
 
     def attention(self, q, k, v, mask, scale):
-        return self.k.attention(q, k, v, mask, scale)
+        return self.k.attention(q, k, v, mask, scale, _per_mask(mask, self.k.attention_bounds))
 
 
 _OPS: dict[str, object] = {}

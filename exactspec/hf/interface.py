@@ -9,8 +9,8 @@ from torch import nn
 from ..errors import InvalidRequest
 from . import backends
 
-ATTN_NAME = "exactspec"
-ATTN_NAME_TRITON = "exactspec_triton"
+ATTN_NAME = backends.NumbaOps.attn_name  # "exactspec"
+ATTN_NAME_TRITON = backends.TritonOps.attn_name  # "exactspec_triton"
 
 
 def _attention(ops, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
