@@ -1,9 +1,9 @@
 """The integer-dot register tile (LLVM IR), for weights in an integer-dot layout (layout.py) and int8
 activations (actquant.py): `tile.run_tile(mr, (q, d, s), m0, w, b, t)`.
 
-Per group of 32 k's, each output's sum of u * q (unsigned weight quants times int8 activations; Q6_K:
-signed weights q - 32 times the activations + 128, corrected by 128 * the weights' sum) is an integer
-sum: exact in int32 (|sum| <= 32 * 255 * 128 < 2^20), so any instruction and order gives the same
+Per group of 32 k's (Q6_K: per 16), each output's sum of u * q (unsigned weight quants times int8
+activations, less the zero point times the activations' sum) is an integer sum: exact in int32
+(|sum| <= 32 * 255 * 128 < 2^20), so any instruction and order gives the same
 value: AVX512-VNNI `vpdpbusd` (4 products per 32-bit lane, no saturation) where the target has it,
 else widening multiplies and adds. Then the group's float combine (actquant.py's docstring), the
 same fixed sequence of operations for every row count, tile height, thread count and CPU. A tile has
@@ -17,7 +17,7 @@ from numba.core import cgutils
 from .cpu import VNNI
 from .layout import LAYOUTS, NL
 from .quant import QK
-from .ftile import V, FTile, f16_to_f32
+from .ftile import V, FTile
 
 
 class ITile(FTile):
@@ -61,64 +61,54 @@ class ITile(FTile):
         p4 = half(p2, V, self.vi)
         return b.add(acc, p4)
 
-    def group_body(self, g, acc: list) -> list:
+    def group_body(self, g, gb, shared: tuple, acc: list) -> list:
         b, F, vf, vi = self.b, LAYOUTS[self.fmt], self.vf, self.vi
-        gb = b.gep(self.w, [b.mul(g, self.c64(F.group_bytes))])
         quad_bytes = 4 * F.row_bytes  # the quad's quants (5-bit: its nibbles; its high bits at hb_at)
+        nlines = -(-F.group_bytes // 64)
         # independent integer chains per output (exact: any split); q6_k: one per 16 k's (its own scale)
         nacc = 2 if self.mr <= 2 or F.sc16 else 1
         zero = ir.Constant(vi, None)
         iacc = [[zero] * nacc for _ in range(self.mr * (NL // V))]
-        wsum = [[zero] * 2 for _ in range(NL // V)]  # q6_k: sum of a lane's weights per 16 k's
         xrow = [b.gep(self.qbase, [b.add(b.mul(self.c64(r), self.sq), b.mul(g, self.c64(QK)))]) for r in range(self.mr)]
         for u in range(QK // 4):
             row = b.gep(gb, [self.c64(u * quad_bytes)])
-            for line in range(quad_bytes // 64):
-                self.prefetch(b.gep(row, [self.c64(64 * line)]))
+            for line in range(nlines):  # every line of the group (quants, high bits, scales), spread over the quads
+                if line * (QK // 4) // nlines == u:
+                    self.prefetch(b.gep(gb, [self.c64(64 * line)]))
             if F.qbits == 8:
                 ws = [b.load(b.bitcast(b.gep(row, [self.c64(4 * V * v)]), self.vb.as_pointer()), align=1)
                       for v in range(NL // V)]
             else:
                 packed = b.load(b.bitcast(row, self.vb.as_pointer()), align=1)
                 ws = [b.and_(packed, ir.Constant(self.vb, [15] * (4 * V))), b.lshr(packed, ir.Constant(self.vb, [4] * (4 * V)))]
-                if F.pairs:  # bits 4-5: the 2-bit field of quad u in its set's v-th 64-byte vector, shifted to 4
+                if F.pairs:  # bits 4-5: the 2-bit field of quad u in its set's v-th 64-byte vector, moved to
+                    # bits 4-5 by one shift (none for u % 4 == 2) and masked
                     for v in range(NL // V):
                         hp = b.gep(gb, [self.c64(F.hb_at + ((u // 4) * 2 + v) * 4 * V)])
                         h = b.load(b.bitcast(hp, self.vb.as_pointer()), align=1)
-                        h = b.and_(b.lshr(h, ir.Constant(self.vb, [2 * (u % 4)] * (4 * V))), ir.Constant(self.vb, [3] * (4 * V)))
-                        ws[v] = b.or_(ws[v], b.shl(h, ir.Constant(self.vb, [4] * (4 * V))))
+                        sh = 4 - 2 * (u % 4)
+                        if sh > 0:
+                            h = b.shl(h, ir.Constant(self.vb, [sh] * (4 * V)))
+                        elif sh < 0:
+                            h = b.lshr(h, ir.Constant(self.vb, [-sh] * (4 * V)))
+                        ws[v] = b.or_(ws[v], b.and_(h, ir.Constant(self.vb, [0x30] * (4 * V))))
                 for bit in range(4, 4 if F.pairs else F.qbits):  # bit i of the quad's v-th uint64 in plane `bit`
                     for v in range(NL // V):
                         hp = b.gep(gb, [self.c64(F.hb_at + (bit - 4) * QK * NL // 8 + u * 2 * 8 + 8 * v)])
                         bits = b.bitcast(b.load(b.bitcast(hp, self.i64.as_pointer()), align=1),
                                          ir.VectorType(ir.IntType(1), 4 * V))
                         ws[v] = b.or_(ws[v], b.shl(b.zext(bits, self.vb), ir.Constant(self.vb, [bit] * (4 * V))))
-            if F.sc16:  # q6_k: signed weights q - 32 against unsigned activations q + 128 (= q ^ 0x80):
-                # sum (q + 128) w - 128 sum w = sum q w, exact
-                ws = [b.sub(w, ir.Constant(self.vb, [F.zero] * (4 * V))) for w in ws]
-                ones = ir.Constant(self.vb, [1] * (4 * V))
-                for v in range(NL // V):
-                    wsum[v][u // 4] = self.dot(wsum[v][u // 4], ones, ws[v])
             for r in range(self.mr):
                 xq = b.load(b.bitcast(b.gep(xrow[r], [self.c64(4 * u)]), self.i32.as_pointer()), align=1)
-                if F.sc16:  # 0x80808080: each byte + 128. (On the scalar: the same xor on the broadcast
-                    # vector sends LLVM 22's instruction selection into an endless loop.)
-                    xq = b.xor(xq, ir.Constant(self.i32, -0x7F7F7F80))
                 xb = self.bcast(xq, vi)
                 for v in range(NL // V):
                     a = iacc[r * (NL // V) + v]
-                    if F.sc16:
-                        a[u // 4] = self.dot(a[u // 4], xb, ws[v])
-                    else:
-                        a[u % nacc] = self.dot(a[u % nacc], ws[v], xb)
+                    h = u // 4 if F.sc16 else u % nacc  # q6_k: a sum per 16 k's (its own scale)
+                    a[h] = self.dot(a[h], ws[v], xb)
         if F.sc16:
-            return self.combine16(g, gb, acc, iacc, wsum)
+            return self.combine16(g, gb, shared[0], acc, iacc, xrow)
         isum = [a[0] if nacc == 1 else b.add(a[0], a[1]) for a in iacc]
-
-        def halves(off):
-            return [f16_to_f32(b, self.vec(b.gep(gb, [self.c64(off + 2 * V * v)]), self.i16, 2)) for v in range(NL // V)]
-        dw = halves(F.d_at)
-        mins = halves(F.m_at) if F.has_min else None
+        dw, mins = shared
         if F.sub_scales:
             def bytes_(off):
                 return [b.uitofp(self.vec(b.gep(gb, [self.c64(off + V * v)]), self.i8, 1), vf) for v in range(NL // V)]
@@ -143,10 +133,18 @@ class ITile(FTile):
                 acc[i] = a
         return acc
 
-    def combine16(self, g, gb, acc: list, iacc: list, wsum: list) -> list:
-        """q6_k's float combine: per half h of the group, acc = fma(f32(sum q w), (f32(d) * f32(sc_h)) * dx, acc)."""
+    def combine16(self, g, gb, d: list, acc: list, iacc: list, xrow: list) -> list:
+        """q6_k's float combine: per half h of the group, acc = fma(f32(sum (u - 32) q), (f32(d) * f32(sc_h)) * dx, acc),
+        the integer sum taken as sum u q - 32 sum q (the same int32; u: the stored quants 0..63, q: the
+        row's int8 activations; the half's sum of q: its 16 bytes summed, and the group's s less that)."""
         b, F, vf, vi = self.b, LAYOUTS[self.fmt], self.vf, self.vi
-        d = [f16_to_f32(b, self.vec(b.gep(gb, [self.c64(F.d_at + 2 * V * v)]), self.i16, 2)) for v in range(NL // V)]
+        v16 = ir.VectorType(self.i32, 16)
+        red = cgutils.get_or_insert_function(b.module, ir.FunctionType(self.i32, [v16]), "llvm.vector.reduce.add.v16i32")
+        xsum = []  # (row) -> (32 * sum of q over k's 0..15, over 16..31)
+        for r in range(self.mr):
+            h0 = b.call(red, [b.sext(self.vec(xrow[r], self.i8, 1), v16)])
+            tot = b.load(b.gep(self.sbase, [b.add(b.mul(self.c64(r), self.ss), g)]))
+            xsum.append([self.bcast(b.shl(x, ir.Constant(self.i32, 5)), vi) for x in (h0, b.sub(tot, h0))])
         s = [[b.fmul(d[v], b.sitofp(self.vec(b.gep(gb, [self.c64(F.sc_at + h * NL + V * v)]), self.i8, 1), vf))
               for v in range(NL // V)] for h in range(2)]
         acc = list(acc)
@@ -155,6 +153,6 @@ class ITile(FTile):
             for v in range(NL // V):
                 i = r * (NL // V) + v
                 for h in range(2):
-                    isum = b.sub(iacc[i][h], b.shl(wsum[v][h], ir.Constant(vi, [7] * V)))
+                    isum = b.sub(iacc[i][h], xsum[r][h])
                     acc[i] = b.call(self.fma, [b.sitofp(isum, vf), b.fmul(s[h][v], dxv), acc[i]])
         return acc

@@ -16,10 +16,11 @@ class PackedWeight:
     """A (N, K) weight packed as (ceil(N/NL), K, NL) so each thread task reads one contiguous block.
 
     `data` is float32, or uint16 holding bfloat16 bits (widened exactly in the kernel), or a
-    quantized format kept quantized (`pack_quant`, dequantized in registers): per block and group of
-    32 k's, the quants (k-major, lane-minor) then the lanes' float16 scales (and minimums); Q8_0 as
-    uint8 (ceil(N/NL), K/32, layout.GROUP_BYTES), the 4-bit formats as records (ceil(N/NL), K/32) whose one
-    field names the format (layout.record_dtype). `bias` is float32 (N,) or an empty array.
+    quantized format kept quantized (`pack_quant`, dequantized in registers): per block and record
+    (a group of 32 k's; the K-quants: a super-block of 8 groups), the quants (k-major, lane-minor) then
+    the lanes' float16 scales (and minimums); Q8_0 as uint8 (ceil(N/NL), K/32, layout.GROUP_BYTES), the
+    other formats as records (ceil(N/NL), K/(32 * groups)) whose one field names the format
+    (layout.record_dtype). `bias` is float32 (N,) or an empty array.
     """
     data: np.ndarray
     n: int
@@ -82,15 +83,16 @@ def _lanes(a: np.ndarray, nblk: int) -> np.ndarray:
 
 
 def pack_quant(w: quant.Quantized, bias: torch.Tensor | None = None, int_dot: bool = False) -> PackedWeight:
-    """Pack a quantized weight kept quantized (LAYOUTS: quants k-major and lane-minor, or in the
-    integer-dot order, then the lanes' float16 scales, then minimums). Zero-pads N up to a multiple
-    of NL (scale 0)."""
+    """Pack a quantized weight kept quantized (LAYOUTS: per record of groups, each group's quants
+    k-major and lane-minor, or in the integer-dot order, and its sub-scales; then the record's float16
+    scales and minimums). Zero-pads N up to a multiple of NL (scale 0)."""
     n, k = w.shape
-    if k % QK:
-        raise ValueError(f"pack_quant: rows of {k} are not whole groups of {QK}")
     F = LAYOUTS[w.fmt + ("i" if int_dot else "")]
+    if k % (QK * F.groups):
+        raise ValueError(f"pack_quant: rows of {k} are not whole blocks of {QK * F.groups}")
     nblk, G = (n + NL - 1) // NL, k // QK
-    data = np.empty((nblk, G, F.group_bytes), np.uint8)
+    R = G // F.groups
+    grp = np.empty((nblk, G, F.group_bytes), np.uint8)  # each group's own bytes
     q = _lanes(w.q.reshape(n, k).view(np.uint8), nblk).reshape(nblk, G, QK, NL)  # (nblk, G, QK, NL)
     if int_dot:  # (nblk, G, quad, lane, k in quad)
         q = q.reshape(nblk, G, QK // 4, 4, NL).transpose(0, 1, 2, 4, 3)
@@ -107,28 +109,40 @@ def pack_quant(w: quant.Quantized, bias: torch.Tensor | None = None, int_dot: bo
         lo, hi = (q[..., : NL // 2, :], q[..., NL // 2:, :]) if int_dot else (q[..., : NL // 2], q[..., NL // 2:])
         q = (lo & 15) | ((hi & 15) << 4)
         if planes:
-            data[:, :, F.hb_at: F.d_at] = np.concatenate(planes, axis=2)
-    data[:, :, :F.hb_at] = q.reshape(nblk, G, F.hb_at)
-    data[:, :, F.d_at: F.m_at] = _lanes(w.d, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
-    if F.has_min:
-        data[:, :, F.m_at: F.sc_at] = _lanes(w.m, nblk).copy().view(np.uint8).reshape(nblk, G, 2 * NL)
+            grp[:, :, F.hb_at: F.sc_at] = np.concatenate(planes, axis=2)
+    grp[:, :, :F.hb_at] = q.reshape(nblk, G, F.hb_at)
     if F.sc16:  # (nblk, 2G, NL): the scales of k's 0..15 of a group, then of 16..31
-        data[:, :, F.sc_at:] = _lanes(w.sc.view(np.uint8), nblk).reshape(nblk, G, 2 * NL)
+        grp[:, :, F.sc_at:] = _lanes(w.sc.view(np.uint8), nblk).reshape(nblk, G, 2 * NL)
     elif F.sub_scales:
-        data[:, :, F.sc_at: F.mn_at] = _lanes(w.sc, nblk)
-        data[:, :, F.mn_at:] = _lanes(w.mn, nblk)
+        grp[:, :, F.sc_at: F.mn_at] = _lanes(w.sc, nblk)
+        grp[:, :, F.mn_at:] = _lanes(w.mn, nblk)
+    data = np.empty((nblk, R, F.record_bytes), np.uint8)
+    data[:, :, :F.d_at] = grp.reshape(nblk, R, F.d_at)
+    data[:, :, F.d_at: F.m_at] = _lanes(_per_record(w.d, F.groups, "d"), nblk).copy().view(np.uint8).reshape(nblk, R, 2 * NL)
+    if F.has_min:
+        data[:, :, F.m_at:] = _lanes(_per_record(w.m, F.groups, "dmin"), nblk).copy().view(np.uint8).reshape(nblk, R, 2 * NL)
     if F.nibbles or int_dot:
         data = data.view(record_dtype(F.name))[:, :, 0]
     b = np.empty(0, np.float32) if bias is None else bias.float().contiguous().numpy().copy()
     return PackedWeight(data, n, k, b)
 
 
+def _per_record(a: np.ndarray, groups: int, what: str) -> np.ndarray:
+    """(n, G) per-group values that each record of `groups` groups shares -> (n, G / groups)."""
+    r = a[:, ::groups]
+    if groups > 1 and not np.array_equal(np.repeat(r, groups, axis=1).view(np.uint16), a.view(np.uint16)):
+        raise ValueError(f"pack_quant: a super-block's groups have different {what}")
+    return r
+
+
 def _unpack_quant(data: np.ndarray, fmt: str) -> quant.Quantized:
     """pack_quant's inverse (all nblk*NL rows)."""
     F = LAYOUTS[fmt]
-    raw = np.ascontiguousarray(data).view(np.uint8)
-    nblk, G = data.shape[:2]
-    raw = raw.reshape(nblk, G, F.group_bytes)
+    rec = np.ascontiguousarray(data).view(np.uint8)
+    nblk, R = data.shape[:2]
+    rec = rec.reshape(nblk, R, F.record_bytes)
+    G = R * F.groups
+    raw = rec[:, :, :F.d_at].reshape(nblk, G, F.group_bytes)  # each group's own bytes
     if F.int_dot:  # (nblk, G, quad, lane, k in quad), back to (nblk, G, QK, NL) below
         q = raw[:, :, :F.hb_at].reshape(nblk, G, QK // 4, -1, 4)
         q = (q - np.uint8(128)).view(np.int8) if F.qbits == 8 else np.concatenate([q & 15, q >> 4], axis=3)
@@ -136,7 +150,7 @@ def _unpack_quant(data: np.ndarray, fmt: str) -> quant.Quantized:
         q = raw[:, :, :F.hb_at].reshape(nblk, G, QK, F.row_bytes)
         q = np.concatenate([q & 15, q >> 4], axis=3) if F.nibbles else q.view(np.int8)
     if F.pairs:  # bits 4 and 5 from their 2-bit fields (layout.py)
-        x = raw[:, :, F.hb_at: F.d_at].reshape(nblk, G, 2, 1, 2, NL // 2, 4)
+        x = raw[:, :, F.hb_at: F.sc_at].reshape(nblk, G, 2, 1, 2, NL // 2, 4)
         h = np.concatenate([(x >> np.uint8(2 * uu)) & np.uint8(3) for uu in range(4)], axis=3)
         q = q | (h.reshape(q.shape) << np.uint8(4))
     for b in range(4, F.qbits if F.nibbles and not F.pairs else 4):  # the planes of bits 4 (and 5)
@@ -147,8 +161,11 @@ def _unpack_quant(data: np.ndarray, fmt: str) -> quant.Quantized:
 
     def rows(a):  # (nblk, G, X, NL) -> (nblk*NL, G*X)
         return np.ascontiguousarray(a.transpose(0, 3, 1, 2)).reshape(nblk * NL, -1)
-    d = rows(raw[:, :, F.d_at: F.m_at].copy().view(np.float16)[:, :, None, :])
-    m = rows(raw[:, :, F.m_at: F.sc_at].copy().view(np.float16)[:, :, None, :]) if F.has_min else None
+
+    def shared(at):  # a record's float16 lanes, for each of its groups
+        return np.repeat(rec[:, :, at: at + 2 * NL].copy().view(np.float16), F.groups, axis=1)[:, :, None, :]
+    d = rows(shared(F.d_at))
+    m = rows(shared(F.m_at)) if F.has_min else None
     sc = rows(raw[:, :, None, F.sc_at: F.mn_at]) if F.sub_scales else None
     mn = rows(raw[:, :, None, F.mn_at:]) if F.sub_scales else None
     if F.sc16:
@@ -163,5 +180,5 @@ def packed_shape(n: int, k: int, layout: str) -> tuple[tuple[int, ...], np.dtype
     if layout in ("f32", "bf16"):
         return (nblk, k, NL), np.dtype(np.float32 if layout == "f32" else np.uint16)
     if layout == "q8_0":
-        return (nblk, k // QK, LAYOUTS["q8_0"].group_bytes), np.dtype(np.uint8)
-    return (nblk, k // QK), record_dtype(layout)
+        return (nblk, k // QK, LAYOUTS["q8_0"].record_bytes), np.dtype(np.uint8)
+    return (nblk, k // (QK * LAYOUTS[layout].groups)), record_dtype(layout)

@@ -40,7 +40,7 @@ from .stack import Stack
 
 def _embed(table, tokens, x):
     """x[r] = table[tokens[r]] widened to float32 (table float32, or uint16 holding bfloat16 bits, or a
-    quantized packed weight's bytes (uint8 (nblk, G, group bytes), see kernels.pack_quant): row t is
+    quantized packed weight's records (nblk, R, record bytes), see kernels.pack_quant): row t is
     lane t % NL of block t // NL)."""
 
 
@@ -71,16 +71,18 @@ def _embed_impl(table, tokens, x):
         F = LAYOUTS[name]
         int_dot, bits, has_min, k_quant, sc16, pairs = F.int_dot, F.qbits, F.has_min, F.sub_scales, F.sc16, F.pairs
         HB, D, M, SC, MN, PLANE = F.hb_at, F.d_at, F.m_at, F.sc_at, F.mn_at, QK * NL // 8
+        GROUPS, GB = F.groups, F.group_bytes
         off = F.zero
         record = isinstance(table.dtype, types.Record)
 
         def quant_rows(table, tokens, x):
             for r in range(tokens.shape[0]):
                 b, j = tokens[r] // NL, tokens[r] % NL
-                for g in range(table.shape[1]):
-                    grp = table[b, g][name] if record else table[b, g]
-                    d = _f16(grp[D + 2 * j], grp[D + 2 * j + 1])
-                    m = _f16(grp[M + 2 * j], grp[M + 2 * j + 1]) if has_min else np.float32(0)
+                for g in range(table.shape[1] * GROUPS):
+                    rec = table[b, g // GROUPS][name] if record else table[b, g]
+                    grp = rec[(g % GROUPS) * GB:]  # the group's own bytes; d and m are the record's
+                    d = _f16(rec[D + 2 * j], rec[D + 2 * j + 1])
+                    m = _f16(rec[M + 2 * j], rec[M + 2 * j + 1]) if has_min else np.float32(0)
                     if k_quant:  # d * sc and -(dmin * mn): exact
                         d = d * np.float32(grp[SC + j])
                         m = -(m * np.float32(grp[MN + j]))

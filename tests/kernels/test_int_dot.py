@@ -142,4 +142,4 @@ def test_embedding_rows_are_looked_up_from_integer_dot_blocks(fmt):
 
 def test_layouts_are_named_apart():
     assert {f for f, F in layout.LAYOUTS.items() if F.int_dot} == {f + "i" for f in FORMATS}
-    assert all(layout.LAYOUTS[f + "i"].group_bytes == layout.LAYOUTS[f].group_bytes for f in FORMATS)
+    assert all(layout.LAYOUTS[f + "i"].record_bytes == layout.LAYOUTS[f].record_bytes for f in FORMATS)

@@ -39,7 +39,8 @@ def test_gguf_blocks_split_and_pack_without_loss(fmt):
     p = K.pack_quant(q)
     assert p.fmt == fmt and p.quantized
     assert np.array_equal(p.unpack().numpy().view(np.uint32), ref.view(np.uint32))
-    assert p.data.nbytes == 3 * (k // 32) * layout.LAYOUTS[fmt].group_bytes  # 3 blocks of 32 rows, no more
+    F = layout.LAYOUTS[fmt]
+    assert p.data.nbytes == 3 * (k // (32 * F.groups)) * F.record_bytes  # 3 blocks of 32 rows, no more
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -242,11 +243,14 @@ def test_quantized_weights_take_the_bytes_of_their_gguf_blocks(ckpt, fmt, bytes_
     st = m.net.stack
     qbytes = sum(a.nbytes for name, a in st.arrays.items() if name.startswith("w"))
     weights = st.work  # multiply-adds per row = weights of every layer's linears
-    assert qbytes == weights * layout.LAYOUTS[fmt].group_bytes // (layout.QK * layout.NL)  # N is a multiple of 32 here
-    assert layout.LAYOUTS[fmt].group_bytes * 32 == bytes_per_32 * layout.QK * layout.NL
-    # Q4_K (kept from files only): 22 bytes per 32 weights where the file has 18 -- each group carries its
-    # super-block's d and dmin (4 bytes) beside its own 6-bit scale and minimum (a byte each)
-    assert layout.LAYOUTS["q4_k"].group_bytes * 32 == 22 * layout.QK * layout.NL
+    assert qbytes == weights * layout.LAYOUTS[fmt].record_bytes // (layout.QK * layout.NL)  # N is a multiple of 32 here
+    assert layout.LAYOUTS[fmt].record_bytes * 32 == bytes_per_32 * layout.QK * layout.NL
+    # The K-quants (kept from files only) keep a super-block's d (and dmin) once, as the file: Q6_K 26.25
+    # bytes per 32 weights, the file's; Q4_K 18.5 where the file has 18 (its 6-bit scale and minimum of a
+    # group packed, a byte each here)
+    for fmt, per_32 in (("q4_k", 18.5), ("q5_k", 22.5), ("q6_k", 26.25)):
+        F = layout.LAYOUTS[fmt]
+        assert F.record_bytes * 32 == per_32 * layout.QK * layout.NL * F.groups
 
 
 def test_bad_quantize_and_dtype_are_named(ckpt):
