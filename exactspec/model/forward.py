@@ -139,31 +139,23 @@ def embed_rows(table: np.ndarray, tokens: np.ndarray, H: int) -> np.ndarray:
 
 @njit(inline="always")
 def _blocks_at(w, i):
-    # Output blocks of layer i's weight of a Stack kind w = (a0, a1, a2, a3, sel) (see _linear_at).
-    a0, a1, a2, a3, sel = w
-    s = sel[i, 0]
-    if s == 0:
-        return a0.shape[1]
-    if s == 1:
-        return a1.shape[1]
-    return a2.shape[1] if s == 2 else a3.shape[1]
+    # Output blocks of layer i's weight of a Stack kind w = (a, alt, sel) (see _linear_at).
+    a, alt, sel = w
+    s = sel[i]
+    return a.shape[1] if s >= 0 else alt.shape[1]
 
 
 @njit(inline="always")
 def _linear_at(xa, w, i, bias, y, b, mode):
-    # Block b of layer i's weight of a Stack kind w = (a0, a1, a2, a3, sel): (s, j) = sel[i], the weight
-    # a_s[j] (a kind's up to four formats, stack.MAX_FORMATS). linear_block is a function of its own,
-    # compiled once per weight type: the branches of one format share it.
-    a0, a1, a2, a3, sel = w
-    s, j = sel[i, 0], sel[i, 1]
-    if s == 0:
-        linear_block(xa, a0[j], bias, y, b, mode)
-    elif s == 1:
-        linear_block(xa, a1[j], bias, y, b, mode)
-    elif s == 2:
-        linear_block(xa, a2[j], bias, y, b, mode)
+    # Block b of layer i's weight of a Stack kind w = (a, alt, sel): a[sel[i]] if sel[i] >= 0, else
+    # alt[-1 - sel[i]] (a kind's two formats). linear_block is a function of its own, compiled once per
+    # weight type: one format's two branches share it.
+    a, alt, sel = w
+    s = sel[i]
+    if s >= 0:
+        linear_block(xa, a[s], bias, y, b, mode)
     else:
-        linear_block(xa, a3[j], bias, y, b, mode)
+        linear_block(xa, alt[-1 - s], bias, y, b, mode)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -188,7 +180,7 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
     # float32; hidden (R, H) or (0, H): every row's final-normed hidden state, when asked (a drafting
     # head reads the target's). Neither changes a logit.
     # top: embed, final norm, head; layers: the Stack's arrays (a leading layer axis each; each linear
-    # kind as (a0, a1, a2, a3, sel), see Stack); dims: heads, kv heads, head dim, I (the intermediate size: the
+    # kind as (a, alt, sel), see Stack); dims: heads, kv heads, head dim, I (the intermediate size: the
     # packed weights' shapes do not show it, a Q8_0 weight's second axis counts groups of 32), the
     # outputs of wqkv (all of q, k, v unless v is apart: wv), eps, scale, window, threads (the pool's size:
     # how attention's tasks are cut, speed only), the gated MLP's mode (SWIGLU or GEGLU), the embedding's
@@ -229,7 +221,7 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
         rmsnorm_into(x, attn_norm[i], eps, h)
         ha = acts(h, wqkv[0], ab)  # (wv, when apart, is quantized as wqkv is: the same rows serve)
         _linear_layer(ha, wqkv, i, bqkv[i], qkv[:, :nqk], STORE)
-        if wv[4].shape[0] > 0:
+        if wv[2].shape[0] > 0:
             _linear_layer(ha, wv, i, bv[i], qkv[:, nqk:], STORE)
         t_i = rope_of[i]
         qkv_rope_cache_into(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos[t_i], sin[t_i], table, slot, pos, kc[i],

@@ -10,7 +10,7 @@ import torch
 
 from .. import kernels as K
 from ..kernels import quant as Q
-from .stack import MAX_FORMATS, Layer
+from .stack import Layer
 from .config import ModelConfig
 from .weights import TensorStore
 
@@ -41,7 +41,7 @@ def kinds(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
         return KINDS
     return {**KINDS, "gate_up": tuple(expert(e, n) for e in range(E) for n in ("gate_proj", "up_proj")),
             "down": tuple(expert(e, "down_proj") for e in range(E))}
-MAX_LAYER_FORMATS = MAX_FORMATS  # formats one kind may take across layers (stack.Stack keeps a stack per format)
+MAX_LAYER_FORMATS = 2  # formats one kind may take across layers (stack.Stack keeps two stacks per kind)
 EMBED = "model.embed_tokens.weight"
 
 

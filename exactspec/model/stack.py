@@ -1,5 +1,5 @@
 """A model's layers as the compiled forward takes them: `Layer` (one decoder layer's packed weights)
-and `Stack` (every layer's weights along a leading layer axis, each linear kind in up to four formats;
+and `Stack` (every layer's weights along a leading layer axis, each linear kind in up to two formats;
 a mixture of experts' MLP weights along a leading (layer, expert) axis: layer i's expert e at i * E + e).
 pack.py fills them from a checkpoint; forward.py reads them."""
 from __future__ import annotations
@@ -38,8 +38,6 @@ class Layer:
                 setattr(self, name, np.empty(0, np.float32))
 
 
-MAX_FORMATS = 4  # formats one linear kind may take over the layers (a stack each)
-SUFFIXES = ("", "_alt", "_alt2", "_alt3")  # the stacks' names after the kind's
 _NORMS = ("attn_norm", "q_norm", "k_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm")
 _LINEARS = ("wqkv", "wv", "wo", "w_gate", "w_down", "w_router")
 
@@ -47,13 +45,12 @@ _LINEARS = ("wqkv", "wv", "wo", "w_gate", "w_down", "w_router")
 @dataclass
 class Stack:
     """Every layer's weights along a leading layer axis, as `_forward` takes them. Each linear kind
-    `name` in up to MAX_FORMATS formats (a file may keep a kind in one format in some layers and others
-    in the rest, as llama.cpp's Q4_K_M): `name` + SUFFIXES[s] holds the layers of the kind's s-th format
-    (by first appearance; no layers past the formats it has, typed as the first), `sel_name` (L, 2)
-    int64 where layer i is: (s, j) at (name + SUFFIXES[s])[j]. Gate and up blocks are interleaved (gate
-    block c at 2c, up block c at 2c + 1); biases are (L, N) or (L, 0). wv (v apart from q, k) has no
-    layers unless split, w_router none unless the model has experts (`experts` > 0: w_gate and w_down
-    then hold L * experts weights)."""
+    `name` in up to two formats (a file may keep a kind in one format in some layers and another in
+    the rest, as llama.cpp's Q4_K_M): `name` holds the layers of the first, `name_alt` those of the
+    second (no layers when there is one), `sel_name` (L,) int64 where layer i is: j >= 0 at name[j],
+    j < 0 at name_alt[-1 - j]. Gate and up blocks are interleaved (gate block c at 2c, up block c at
+    2c + 1); biases are (L, N) or (L, 0). wv (v apart from q, k) has no layers unless split, w_router none
+    unless the model has experts (`experts` > 0: w_gate and w_down then hold L * experts weights)."""
     arrays: dict[str, np.ndarray]
     shapes: dict[str, tuple[int, int]]  # (N, K) of each linear
     work: int  # multiply-adds per row over all layers (the serial/parallel switch)
@@ -74,21 +71,16 @@ class Stack:
             if w is None:  # no such weight: no layers, of wqkv's type (one compiled tile serves), or the
                 w, per_layer = like.wqkv, ()  # router's f32 (a dense and a MoE model of one mix: one compile)
             two = 2 if name == "w_gate" else 1  # gate and up blocks interleaved
-            fmts = list(dict.fromkeys(per_layer)) or ["f32" if name == "w_router" else w.fmt]
-            if len(fmts) > MAX_FORMATS:
-                raise ValueError(f"{name}: {len(fmts)} formats over the layers, at most {MAX_FORMATS}")
-            fmts += fmts[:1] * (MAX_FORMATS - len(fmts))  # stacks with no layers, of the first's type
-            slot = np.array([fmts.index(f) for f in per_layer], np.int64)
-            for s, (suffix, layout) in enumerate(zip(SUFFIXES, fmts)):
+            first = per_layer[0] if per_layer else ("f32" if name == "w_router" else w.fmt)
+            alt = next((f for f in per_layer if f != first), first)  # the second format, or first again
+            n_first = per_layer.count(first)
+            for suffix, layout, count in (("", first, n_first), ("_alt", alt, len(per_layer) - n_first)):
                 shape, dt = packed_shape(w.n, w.k, layout)
-                want[name + suffix] = ((int((slot == s).sum()), two * shape[0]) + shape[1:], dt)
-            # layer i: (its format's slot, its index among the earlier layers of that format); linear in
-            # the layer count (a config may claim a million layers before the memory check)
-            index = np.zeros(len(per_layer), np.int64)
-            for s in range(len(fmts)):
-                here = slot == s
-                index[here] = np.arange(int(here.sum()))
-            sel[name] = np.stack([slot, index], axis=1).reshape(-1, 2)
+                want[name + suffix] = ((count, two * shape[0]) + shape[1:], dt)
+            # layer i: its index among the earlier layers of its format (the alt stack's as -1 - index);
+            # linear in the layer count (a config may claim a million layers before the memory check)
+            is_first = np.array([f == first for f in per_layer], bool)
+            sel[name] = np.where(is_first, np.cumsum(is_first) - 1, -np.cumsum(~is_first))
             want["b_" + name] = ((len(per_layer), w.bias.shape[0] * two), np.dtype(np.float32))
             shapes[name] = (w.n, w.k)
         nbytes = sum(math.prod(shape) * dt.itemsize for shape, dt in want.values())
@@ -102,8 +94,8 @@ class Stack:
 
     def _at(self, name: str, i: int) -> np.ndarray:
         """Layer i's packed weight `name` (the stack of its format)."""
-        s, j = (int(v) for v in self.arrays["sel_" + name][i])
-        return self.arrays[name + SUFFIXES[s]][j]
+        j = int(self.arrays["sel_" + name][i])
+        return self.arrays[name][j] if j >= 0 else self.arrays[name + "_alt"][-1 - j]
 
     @functools.cached_property
     def layers(self) -> tuple:
@@ -111,7 +103,7 @@ class Stack:
         a = self.arrays
 
         def lin(n):
-            return tuple(a[n + x] for x in SUFFIXES) + (a["sel_" + n],), a["b_" + n]
+            return (a[n], a[n + "_alt"], a["sel_" + n]), a["b_" + n]
         return (a["attn_norm"], *lin("wqkv"), *lin("wv"), a["q_norm"], a["k_norm"], *lin("wo"), a["mlp_norm"],
                 *lin("w_gate"), *lin("w_down"), a["post_attn_norm"], a["post_mlp_norm"], *lin("w_router"))
 
