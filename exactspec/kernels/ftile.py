@@ -15,9 +15,9 @@ V = 16  # lanes per LLVM vector
 PREFETCH_BYTES = 8192  # software prefetch distance along the weight stream
 # Prefetches go to L2 (prefetcht1), not L1 (prefetcht0), which holds one of L1's few fill buffers per line until
 # it arrives: measured on Zen 4 streaming a 16384 x 2048 weight (2 threads), Q4_K one row 0.68 -> 0.58 ms, Q6_K
-# 1.1 -> 0.78 ms, five rows 1.3-1.5x, 64 rows ~5%; the quantized tiles prefetch every line of a group (quants,
-# high bits, scales) and of a record's shared scales. Taller float tiles (prompts, cache-resident blocks) keep
-# prefetching into L1.
+# 1.1 -> 0.78 ms, five rows 1.3-1.5x, 64 rows ~5%; the integer-dot tiles prefetch every line of a group (quants,
+# high bits, scales), every quantized tile the lines of a record's shared scales (the float-activation tiles:
+# of a group's quants only). Taller float tiles (prompts, cache-resident blocks) keep prefetching into L1.
 
 
 def f16_to_f32(builder, h):

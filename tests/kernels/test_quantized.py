@@ -43,6 +43,16 @@ def test_gguf_blocks_split_and_pack_without_loss(fmt):
     assert p.data.nbytes == 3 * (k // (32 * F.groups)) * F.record_bytes  # 3 blocks of 32 rows, no more
 
 
+@pytest.mark.parametrize("fmt", sorted(KQ))
+def test_a_super_block_with_two_scales_is_refused_not_packed_wrong(fmt):
+    """A K-quant record keeps its super-block's d (and dmin) once: groups that disagree cannot be packed."""
+    q = quant.from_blocks(KQ[fmt](32, 256, seed=3), fmt, 32, 256)
+    K.pack_quant(q)
+    q.d[5, 3] = np.float16(q.d[5, 3] * 2 + 1)
+    with pytest.raises(ValueError, match="super-block's groups have different d"):
+        K.pack_quant(q)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n,k,bias", [(77, 64, False), (100, 96, True), (32, 32, False)])
 def test_quantized_linear_is_the_float_kernel_on_dequantized_weights(fmt, n, k, bias):
