@@ -89,8 +89,8 @@ class Batch:
             s.finish_reason = "length"
         elif self.prefix is not None:  # a cached prefix: its blocks are shared, its prefill starts after them
             blocks = self.prefix.match(req.cache_scope, req.prompt)
-            for i, b in enumerate(blocks):
-                self.cache.share(s.slot, i, b)
+            for i, (b, local) in enumerate(blocks):
+                self.cache.share(s.slot, i, b, local)
             s.kept = len(blocks)
             s.fed = s.stats.cached_tokens = len(blocks) * BLOCK
         self.seqs.append(s)
@@ -113,7 +113,7 @@ class Batch:
             for s in live:
                 n = s.cached // BLOCK
                 if n > s.kept and s.finish_reason != "error":
-                    self.prefix.insert(s.req.cache_scope, s.tokens, self.cache.table[s.slot], n)
+                    self.prefix.insert(s.req.cache_scope, s.tokens, s.slot, n)
                     s.kept = n
         self._release()  # finished sequences leave now; their slots take the next arrivals
         return out

@@ -185,7 +185,8 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
     # outputs of wqkv (all of q, k, v unless v is apart: wv), eps, scale, window, threads (the pool's size:
     # how attention's tasks are cut, speed only), the gated MLP's mode (SWIGLU or GEGLU), the embedding's
     # scale (0: none), each layer's window (L,) (0: none) and RoPE table (L,); cache: the RoPE tables
-    # (T, C, D) each, the block table (S, NB) and the paged K/V cache. A mixture of experts: dims ends with
+    # (T, C, D) each, the global layers' block table (S, NB) and paged K/V pools, the sliding-window
+    # layers' (their local pools, cache.py) and each layer's index in its pool (L,). A mixture of experts: dims ends with
     # their count E (0: a dense MLP), how many a row takes and whether their weights are normalized;
     # wgu and wdown hold layer i's expert e at i * E + e, wr the routers.
     tokens, slot, pos, out_rows, x_in = rows
@@ -193,7 +194,7 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
     (attn_norm, wqkv, bqkv, wv, bv, q_norm, k_norm, wo, bo, mlp_norm, wgu, bgu, wdown, bdown, post_attn,
      post_mlp, wr, br) = layers
     Hq, Hkv, D, I, nqk, eps, scale, threads, gated, embed_scale, windows, rope_of, E, k_used, norm_topk = dims
-    cos, sin, table, kc, vc = cache
+    cos, sin, gtable, gk, gv, ltable, lk, lv, kv_at = cache
     R = tokens.shape[0]
     H = norm.shape[0]
     x = np.empty((R, H), np.float32)  # the residual stream
@@ -223,12 +224,16 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
         _linear_layer(ha, wqkv, i, bqkv[i], qkv[:, :nqk], STORE)
         if wv[2].shape[0] > 0:
             _linear_layer(ha, wv, i, bv[i], qkv[:, nqk:], STORE)
-        t_i = rope_of[i]
-        qkv_rope_cache_into(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos[t_i], sin[t_i], table, slot, pos, kc[i],
-                            vc[i], q)
+        t_i, j = rope_of[i], kv_at[i]
+        if windows[i] > 0:  # a sliding-window layer's keys: the local pool's (cache.py)
+            table, kc, vc = ltable, lk[j], lv[j]
+        else:
+            table, kc, vc = gtable, gk[j], gv[j]
+        qkv_rope_cache_into(qkv, Hq, Hkv, D, q_norm[i], k_norm[i], eps, cos[t_i], sin[t_i], table, slot, pos, kc,
+                            vc, q)
         window = windows[i]
         for t in prange(tasks.shape[0]):
-            attend_task(tasks[t], q, kc[i], vc[i], table, slot, pos, scale, window, a3)
+            attend_task(tasks[t], q, kc, vc, table, slot, pos, scale, window, a3)
         if post:
             _linear_layer(acts(a, wo[0], ab), wo, i, bo[i], o, STORE)
             _add_normed(x, o, post_attn[i], eps)
@@ -358,10 +363,15 @@ class RowSet(NamedTuple):
 
 
 class CacheView(NamedTuple):
-    """The paged KV cache as the kernels read it: the block table and the key and value pools."""
+    """The paged KV cache as the kernels read it (cache.py): the global layers' block table and key and
+    value pools, the sliding-window layers' (local) ones, and each layer's index in its pool (L,)."""
     table: np.ndarray
     k: np.ndarray
     v: np.ndarray
+    local_table: np.ndarray
+    local_k: np.ndarray
+    local_v: np.ndarray
+    at: np.ndarray
 
 
 def forward(w: Weights, shape: Shape, rows: RowSet, cache: CacheView, x_in: np.ndarray | None = None,
@@ -372,7 +382,6 @@ def forward(w: Weights, shape: Shape, rows: RowSet, cache: CacheView, x_in: np.n
     st, embed, norm, head, cos, sin = w
     Hq, Hkv, D, eps, scale, windows, rope_of, gated, embed_scale, E, k_used, norm_topk = shape
     tokens, slot, pos, out_rows = rows
-    table, kc, vc = cache
     logits = np.empty((out_rows.shape[0], head.n), np.float32)
     if tokens.shape[0] == 0:
         return logits
@@ -382,4 +391,4 @@ def forward(w: Weights, shape: Shape, rows: RowSet, cache: CacheView, x_in: np.n
     dims = (Hq, Hkv, D, st.shapes["w_down"][1], st.shapes["wqkv"][0], np.float32(eps), np.float32(scale),
             get_num_threads(), gated, np.float32(embed_scale), windows, rope_of, E, k_used, norm_topk)
     return _FORWARD.run(tokens.shape[0] * (st.work + head.n * head.k), SERIAL_FORWARD, (tokens, slot, pos, out_rows, x_in),
-                        (embed, norm, head.data), st.layers, dims, (cos, sin, table, kc, vc), logits, hidden)
+                        (embed, norm, head.data), st.layers, dims, (cos, sin, *cache), logits, hidden)

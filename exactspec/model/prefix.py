@@ -26,6 +26,7 @@ from .cache import KVCache
 class _Node:
     id: int
     block: int
+    local: int  # the sliding-window layers' block (-1: none kept)
     key: tuple
     parent: "_Node | None"
     children: int = 0
@@ -55,23 +56,37 @@ class PrefixCache:
         for node in reversed(path):
             self.nodes.move_to_end(node.key)
 
-    def match(self, scope: str, prompt: Sequence[int]) -> list[int]:
-        """Blocks holding a prefix of `prompt`: whole blocks, and never its last token (whose forward
-        gives the first new token's logits)."""
+    def _usable(self, path: list[_Node]) -> int:
+        """The most leading nodes of `path` a sequence can start after: with sliding windows, the local
+        blocks that the first position left to compute reads must all be kept."""
+        n, w = len(path), self.kv.window
+        while w and n and any(node.local < 0 for node in path[max(0, n * BLOCK - w + 1) // BLOCK: n]):
+            n -= 1
+        return n
+
+    def match(self, scope: str, prompt: Sequence[int]) -> list[tuple[int, int]]:
+        """(block, local block) pairs holding a prefix of `prompt`: whole blocks, and never its last token
+        (whose forward gives the first new token's logits)."""
         path = self._path(scope, prompt, (len(prompt) - 1) // BLOCK)
+        path = path[:self._usable(path)]
         self._touch(path)
         self.looked_up_tokens += len(prompt)
         self.hit_tokens += len(path) * BLOCK
-        return [node.block for node in path]
+        return [(node.block, node.local) for node in path]
 
-    def insert(self, scope: str, tokens: Sequence[int], blocks: np.ndarray, n: int) -> None:
-        """Keep the first n blocks of a sequence (`blocks[i]` holds tokens[i*B:(i+1)*B], written)."""
+    def insert(self, scope: str, tokens: Sequence[int], slot: int, n: int) -> None:
+        """Keep the first n blocks of the sequence in cache slot `slot` (its i-th blocks hold
+        tokens[i*B:(i+1)*B], written)."""
+        blocks = self.kv.table[slot]
+        local = self.kv.local_table[slot] if self.kv.window else np.full(n, -1)
         path = self._path(scope, tokens, n)
         parent = path[-1] if path else None
         for i in range(len(path), n):
             key = (parent.id if parent is not None else ("scope", scope), tuple(tokens[i * BLOCK:(i + 1) * BLOCK]))
-            node = _Node(next(self._ids), int(blocks[i]), key, parent)
-            self.kv.hold(node.block)
+            node = _Node(next(self._ids), int(blocks[i]), int(local[i]), key, parent)
+            self.kv.full.hold(node.block)
+            if node.local >= 0:
+                self.kv.local.hold(node.local)
             self.nodes[key] = node
             if parent is not None:
                 parent.children += 1
@@ -88,7 +103,9 @@ class PrefixCache:
         del self.nodes[key]
         if node.parent is not None:
             node.parent.children -= 1
-        self.kv.drop(node.block)
+        self.kv.full.drop(node.block)
+        if node.local >= 0:
+            self.kv.local.drop(node.local)
 
     @property
     def blocks(self) -> int:

@@ -168,7 +168,7 @@ class Transformer:
     def new_cache(self, n_slots: int, capacity: int, spare_blocks: int = 0, helpers: int = 0) -> KVCache:
         c = self.cfg
         return KVCache(c.n_layers, n_slots, c.n_kv_heads, c.head_dim, min(capacity, self.max_context), spare_blocks,
-                       self.kv_dtype, helpers)
+                       self.kv_dtype, helpers, self.windows)
 
     @property
     def block_bytes(self) -> int:
@@ -215,7 +215,8 @@ class Transformer:
         shape = F.Shape(c.n_heads, c.n_kv_heads, c.head_dim, c.rms_norm_eps, self.scale, self.windows, self.rope_of,
                         self.gated, c.embed_scale, c.n_experts, c.n_experts_used, c.norm_topk)
         logits = F.forward(weights, shape, F.RowSet(t, s, p, rows),
-                           F.CacheView(cache.table, K.as_numpy(cache.k), K.as_numpy(cache.v)), x_in, hidden)
+                           F.CacheView(cache.table, K.as_numpy(cache.k), K.as_numpy(cache.v), cache.local_table,
+                                       K.as_numpy(cache.local.k), K.as_numpy(cache.local.v), cache.at), x_in, hidden)
         return torch.from_numpy(logits)
 
     def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -245,10 +246,10 @@ class Transformer:
             if L.wv is not None:  # v kept apart (another format than q, k)
                 qkv = torch.cat([qkv, K.linear(h, L.wv)], 1)
             t = int(self.rope_of[i])
+            table, kc, vc = cache.layer(i)  # (a sliding-window layer's: the local pool's)
             q = K.qkv_rope_cache(qkv, Hq, Hkv, D, L.q_norm, L.k_norm, eps, self.cos[t], self.sin[t],
-                                 cache.table, slot, pos, cache.k[i], cache.v[i])  # (R, Hq, D); k, v now cached
-            a = K.attention(q, cache.k[i], cache.v[i], cache.table, slot, pos, self.scale,
-                            int(self.windows[i]))  # (R, Hq, D)
+                                 table, slot, pos, kc, vc)  # (R, Hq, D); k, v now cached
+            a = K.attention(q, kc, vc, table, slot, pos, self.scale, int(self.windows[i]))  # (R, Hq, D)
             x = x + post(K.linear(a.reshape(R, Hq * D), L.wo), L.post_attn_norm)
             h = K.rmsnorm(x, L.mlp_norm, eps)
             x = x + post(self._experts_ref(h, L) if L.experts else self._mlp_ref(h, L.w_gate, L.w_up, L.w_down),

@@ -42,12 +42,12 @@ class Metrics:
               registry=r).set_function(prefix("looked_up_tokens"))
         Gauge("exactspec_prefix_cache_blocks", "KV blocks the prefix cache keeps", registry=r).set_function(
             prefix("blocks"))
-        Gauge("exactspec_kv_blocks_used", "KV blocks in use (sequences and the prefix cache)",
-              registry=r).set_function(lambda: engine.batch.cache.blocks_used)
+        Gauge("exactspec_kv_blocks_used", "KV blocks in use (sequences and the prefix cache; the global "
+              "layers' pool)", registry=r).set_function(lambda: engine.batch.cache.blocks_used)
         Gauge("exactspec_kv_block_bytes", "Bytes of one KV block (16 positions, every layer)", registry=r).set_function(
             lambda: engine.batch.target.block_bytes)
-        Gauge("exactspec_kv_resident_bytes", "KV bytes of the blocks in use (resident: a block's pages are written)",
-              registry=r).set_function(lambda: engine.batch.cache.blocks_used * engine.batch.target.block_bytes)
+        Gauge("exactspec_kv_resident_bytes", "KV bytes of the blocks in use, both pools (sliding-window layers "
+              "keep only their window's)", registry=r).set_function(lambda: engine.batch.cache.bytes_used)
         Gauge("exactspec_engine_step_seconds", "Engine thread: time in decode steps (forward, drafting, sampling)",
               registry=r).set_function(lambda: engine.stats.step_seconds)
         Gauge("exactspec_engine_other_seconds", "Engine thread: time between steps (admission, handing out tokens)",

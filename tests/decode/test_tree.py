@@ -22,8 +22,9 @@ def plain_logits(net, path: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("n", [5, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + 7])  # valid positions at the fork
-def test_each_node_of_a_tree_gets_its_paths_plain_logits(ckpt, n, threads):
-    net = exactspec.load(ckpt("llama")).net
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])  # Gemma: past its window of 16, local blocks let go
+def test_each_node_of_a_tree_gets_its_paths_plain_logits(ckpt, n, threads, arch):
+    net = exactspec.load(ckpt(arch)).net
     rng = np.random.default_rng(n)
     seq = rng.integers(0, net.cfg.vocab_size, n + 1).tolist()  # n positions cached, then the last token
     chain, sibs = [11, 12, 13], [21, 22]
@@ -51,6 +52,7 @@ def test_each_node_of_a_tree_gets_its_paths_plain_logits(ckpt, n, threads):
     for h in (2, 3):
         cache.release(h)
     assert cache.blocks_used == int((cache.table[1] >= 0).sum())  # the helpers' own blocks are back
+    assert cache.local.used == int((cache.local_table[1] >= 0).sum())  # (Gemma's local ones too)
     nxt = Rows()
     nxt.add(1, [7], n + 2)  # decoding goes on from the sibling's path
     assert torch.equal(nxt.forward(net, cache)[0], plain_logits(net, seq + [sibs[1], 7]))

@@ -1,6 +1,7 @@
 """The paged KV cache: blocks handed out as positions arrive, lowest first, returned when a sequence
 ends; memory resident by use, not by max_batch x max_context."""
 import numpy as np
+import pytest
 import torch
 
 import exactspec
@@ -72,3 +73,68 @@ def test_batch_returns_every_block(ckpt):
         assert b.cache.blocks_used >= held
         seen = max(seen, b.cache.blocks_used)
     assert seen > 3 and b.cache.blocks_used == 0
+
+
+def test_sliding_window_layers_let_go_of_blocks_behind_the_window():
+    """Layers 0 and 2 slide (window 40), layer 1 is global: a slot's local blocks wholly below p - 39 for its
+    first row p go back to the pool at the next reserve; the global ones stay; what rows still read is held."""
+    c = KVCache(3, 2, 1, 4, 10 * BLOCK, windows=np.array([40, 0, 40]))
+    assert c.local.k.shape[0] == 2 and c.full.k.shape[0] == 1 and c.at.tolist() == [0, 0, 1]
+    for p in range(0, 8 * BLOCK, 4):  # slot 0 fed 4 positions a step (chunked prefill, or a verify)
+        c.reserve(np.zeros(4, np.int64), np.arange(p, p + 4))
+        c.check_held(np.zeros(4, np.int64), np.arange(p, p + 4))
+        lo = max(0, p - 39) // BLOCK
+        assert (c.local_table[0, :lo] < 0).all() and (c.local_table[0, lo:(p + 3) // BLOCK + 1] >= 0).all()
+    assert (c.table[0, :8] >= 0).all() and c.blocks_used == 8  # global: every position kept
+    assert c.local.used == 3  # the last rows, 124..127, read keys 85.. : blocks 5..7
+    assert c.bytes_used == 8 * c.full.block_bytes + 3 * c.local.block_bytes == (8 + 3 * 2) * 2 * 4 * BLOCK * 4
+    t, k, v = c.layer(2)
+    assert t is c.local_table and k.data_ptr() == c.local.k[1].data_ptr()
+    c.local_table[0, 6] = -1  # a block the window still needs, gone: the forward is refused, not garbage
+    with pytest.raises(IndexError, match="slot 0 at position 128 before"):
+        c.check_held(np.zeros(1, np.int64), np.array([8 * BLOCK]))
+    c.release(0)
+    assert c.blocks_used == 0 and c.local.used == 1  # (the block unlinked by hand above was never returned)
+
+
+def test_a_prefix_hit_needs_only_the_local_blocks_of_its_window():
+    """A prefix cache entry that kept a sequence's global blocks but not the local ones it had let go of
+    serves a prompt only where the window before its first computed position is all kept."""
+    from exactspec.model.prefix import PrefixCache
+    c = KVCache(2, 2, 1, 4, 10 * BLOCK, spare_blocks=8, windows=np.array([32, 0]))
+    tokens = list(range(100, 200))
+    for p in range(100):  # decoded one position at a time: only the last ~2 local blocks held
+        c.reserve(np.zeros(1, np.int64), np.array([p]))
+    pc = PrefixCache(c, 16)
+    pc.insert("", tokens, 0, 6)
+    assert [n.local >= 0 for n in sorted(pc.nodes.values(), key=lambda n: n.id)] == [False] * 4 + [True] * 2
+    assert len(pc.match("", tokens)) == 6  # (99 // 16 blocks) the first row, 96, reads keys 65.. (blocks 4, 5)
+    assert pc.match("", tokens[:50]) == []  # row 48 reads keys 17.. (blocks 1, 2: let go), row 32 block 0 too
+    c.release(0)
+    blocks = pc.match("", tokens)
+    for i, (b, local) in enumerate(blocks):
+        c.share(1, i, b, local)
+    c.check_held(np.ones(1, np.int64), np.array([96]))  # the second sequence may start at position 96
+
+
+def test_gemma_decoding_holds_its_window_not_its_length(ckpt):
+    """The tiny Gemma 3 (window 16 on 5 of its 6 layers), chunked prefill and speculation: the local pool
+    holds a few blocks per sequence however long it grows, and every token is the one-forward recompute's."""
+    from exactspec.decode.drafters import LookupDrafter
+    m = exactspec.load(ckpt("gemma3"))
+    prompt = list(range(2, 90)) * 2  # 176 tokens; repeats give the lookup drafter something to draft
+    b = Batch(m.net, 2, 400, LookupDrafter(), prefill_chunk=24)
+    seqs = [b.add(m.request(prompt, 120, ignore_eos=True, num_draft_tokens=4)),
+            b.add(m.request(prompt[5:60], 80, ignore_eos=True, num_draft_tokens=4))]
+    most = 0
+    while b.running:
+        b.step()
+        most = max(most, b.cache.local.used)
+    # per sequence: its window's blocks (16 / 16 + 1), the chunk's or verify's rows (24: 2 blocks) and one
+    # partial: far below the 19 + 9 blocks the global layer holds at the end
+    assert most <= 2 * 5, most
+    assert b.cache.local.used == 0 and b.cache.blocks_used == 0
+    for s, p, n in zip(seqs, (prompt, prompt[5:60]), (120, 80)):
+        assert s.finish_reason == "length" and len(s.generated) == n
+        ids = p + s.generated
+        assert m.logits(ids[:-1])[len(p) - 1:].argmax(-1).tolist() == s.generated
