@@ -73,6 +73,38 @@ class Quantized:
         return w.reshape(n, k)
 
 
+# A format's lossless widening: every weight of the first is a weight of the second with the same scales
+# (Q4_0's q - 8 is Q5_0's (q + 8) - 16 and Q8_0's int8 q - 8; Q4_1's, Q4_K's 4-bit q are Q5_1's, Q5_K's 5-bit
+# q < 16 with the same d, m, sc, mn), so each dequantized weight, each product the float tiles form and each
+# integer sum of the integer-dot tiles (the same int32 whatever the zero point: quant - zero is the same
+# integer) is the same bits: a kind with more formats over its layers than the Stack keeps is folded into
+# fewer this way (model/pack.py) and stays quantized.
+WIDER = {"q4_0": "q5_0", "q5_0": "q8_0", "q4_1": "q5_1", "q4_k": "q5_k"}
+
+
+def widenings(fmt: str) -> list[str]:
+    """The formats fmt widens into losslessly, nearest first."""
+    out = []
+    while fmt in WIDER:
+        fmt = WIDER[fmt]
+        out.append(fmt)
+    return out
+
+
+def widen(t: Quantized, fmt: str) -> Quantized:
+    """The same weights in the wider format `fmt` (one of widenings(t.fmt)): the same values, bit for bit."""
+    if fmt != t.fmt and fmt not in widenings(t.fmt):
+        raise ValueError(f"{t.fmt} does not widen to {fmt} losslessly (widenings: {widenings(t.fmt)})")
+    while t.fmt != fmt:
+        to, q = WIDER[t.fmt], t.q
+        if to == "q5_0":
+            q = q + np.uint8(ZERO["q5_0"] - ZERO["q4_0"])
+        elif to == "q8_0":
+            q = (q.astype(np.int16) - ZERO["q5_0"]).astype(np.int8)
+        t = Quantized(to, q, t.d, t.m, t.sc, t.mn)
+    return t
+
+
 def concat(parts: list[Quantized]) -> Quantized:
     """Row-wise concatenation of tensors of one format."""
     fmt = parts[0].fmt

@@ -10,6 +10,7 @@ import torch
 
 from .. import kernels as K
 from ..kernels import quant as Q
+from ..kernels.layout import LAYOUTS
 from .stack import Layer
 from .config import ModelConfig
 from .weights import TensorStore
@@ -41,8 +42,27 @@ def kinds(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
         return KINDS
     return {**KINDS, "gate_up": tuple(expert(e, n) for e in range(E) for n in ("gate_proj", "up_proj")),
             "down": tuple(expert(e, "down_proj") for e in range(E))}
-MAX_LAYER_FORMATS = 2  # formats one kind may take across layers (stack.Stack keeps two stacks per kind)
+MAX_LAYER_FORMATS = 2  # formats one kind keeps across layers (stack.Stack keeps two stacks per kind; more: `fold`)
 EMBED = "model.embed_tokens.weight"
+
+
+def fold(fmts: tuple[str, ...], most: int) -> tuple[str, ...] | None:
+    """Each layer's format with at most `most` formats over the layers: while there are more, the layers
+    of one format take the nearest wider format present (quant.WIDER: the same weights, bit for bit),
+    the one that adds the fewest bytes; None where no widening leaves `most`."""
+    def per_group(f: str) -> float:  # packed bytes per 32 weights
+        return LAYOUTS[f].record_bytes / LAYOUTS[f].groups
+    while len(set(fmts)) > most:
+        moves = []
+        for f in sorted(set(fmts)):
+            to = next((w for w in Q.widenings(f) if w in fmts), None)  # the nearest wider one present
+            if to is not None:
+                moves.append((fmts.count(f) * (per_group(to) - per_group(f)), f, to))
+        if not moves:
+            return None
+        _, f, to = min(moves)
+        fmts = tuple(to if x == f else x for x in fmts)
+    return fmts
 
 
 class Packer:
@@ -58,7 +78,7 @@ class Packer:
         self.int_dot = activations == "int8"
         # The formats each kind is kept in. Layer kinds (qkv, o, gate_up, down; v where split): a tuple
         # of each layer's format (a weight per layer and kind, so every tensor of a kind in one layer
-        # must share a format; at most MAX_LAYER_FORMATS formats over the layers), or None: `dtype`.
+        # must share a format; at most MAX_LAYER_FORMATS formats over the layers, after `fold`), or None: `dtype`.
         # embed, head: one format or None.
         self.stored = store.quant_formats() if quant == "keep" and hasattr(store, "quant_formats") else {}
         self.fmt: dict[str, tuple[str, ...] | str | None] = {k: self._layer_formats(n) for k, n in kinds(cfg).items()}
@@ -83,15 +103,16 @@ class Packer:
         return fmts.pop() if fmts else None
 
     def _layer_formats(self, names: tuple[str, ...]) -> tuple[str, ...] | None:
-        """Each layer's format of the tensors `names` (one per layer), or None where a layer has none
-        or the layers have more than MAX_LAYER_FORMATS."""
+        """Each layer's format of the tensors `names` (one per layer), or None where a layer has none.
+        More than MAX_LAYER_FORMATS formats over the layers: folded by lossless widenings (`fold`), or
+        None where they cannot be."""
         fmts = []
         for i in range(self.cfg.n_layers):
             f = self._format(f"model.layers.{i}.{n}" for n in names)
-            if f is None or len(set(fmts) | {f}) > MAX_LAYER_FORMATS:
+            if f is None:
                 return None
             fmts.append(f)
-        return tuple(fmts)
+        return fold(tuple(fmts), MAX_LAYER_FORMATS)
 
     def layouts(self) -> dict[str, tuple[str, ...] | None]:
         """{Stack field: each layer's packed layout} ("f32", "bf16", or kernels.LAYOUTS' name), None
@@ -128,9 +149,9 @@ class Packer:
         """The weights `parts` stacked along N and packed: quantized (kept or at load) or `dtype`."""
         st = self.store
         fmt = self.fmt[kind] if layer is None or self.fmt[kind] is None else self.fmt[kind][layer]
-        if fmt:
-            qs = [(st.get_quant(n, s) if self.quant == "keep" else None) or
-                  Q.quantize(st.get(n, s, torch.float32).numpy(), fmt, n) for n, s in parts]
+        if fmt:  # (a stored format folded into a wider one: widened, the same weights)
+            qs = [Q.widen((st.get_quant(n, s) if self.quant == "keep" else None) or
+                          Q.quantize(st.get(n, s, torch.float32).numpy(), fmt, n), fmt) for n, s in parts]
             return K.pack_quant(Q.concat(qs), b, self.int_dot)
         return K.pack_weight(torch.cat([st.get(n, s, self.wd) for n, s in parts]), b)
 

@@ -81,6 +81,36 @@ def test_quantized_linear_is_the_float_kernel_on_dequantized_weights(fmt, n, k, 
         K.set_num_threads(2)
 
 
+@pytest.mark.parametrize("src,dst", [("q4_0", "q5_0"), ("q4_0", "q8_0"), ("q5_0", "q8_0"), ("q4_1", "q5_1"),
+                                     ("q4_k", "q5_k")])
+def test_a_format_widens_to_the_same_weights_and_the_same_products(src, dst):
+    """quant.widen: every weight's value, and every row of both linear paths (float FMA chains, integer
+    dots on int8 rows), bitwise the narrower format's -- what lets a kind in three formats fold into two."""
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((64, 256)).astype(np.float32)
+    w[:20] += 3.0  # large minimums
+    t = quant.from_blocks(_blocks(w, src), src, 64, 256)
+    wide = quant.widen(t, dst)
+    assert wide.fmt == dst and np.array_equal(wide.dequantize().view(np.uint32), t.dequantize().view(np.uint32))
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(3)) * torch.logspace(-3, 3, 256)
+    for int_dot in (False, True):
+        a, b = K.pack_quant(t, None, int_dot), K.pack_quant(wide, None, int_dot)
+        assert b.fmt == dst + ("i" if int_dot else "")
+        assert torch.equal(K.linear(x, a), K.linear(x, b)) and torch.equal(K.linear(x[3:4], a), K.linear(x[3:4], b))
+    with pytest.raises(ValueError, match="does not widen"):
+        quant.widen(wide, src)
+
+
+def test_formats_fold_by_widening_the_fewest_bytes():
+    from exactspec.model.pack import fold
+    assert fold(("q4_k", "q6_k", "q5_k", "q4_k"), 2) == ("q5_k", "q6_k", "q5_k", "q5_k")
+    assert fold(("q4_0", "q5_0", "q8_0", "q8_0", "q8_0"), 2) == ("q5_0", "q5_0", "q8_0", "q8_0", "q8_0")  # not q5_0 -> q8_0
+    assert fold(("q4_0", "q8_0", "q4_k"), 2) == ("q8_0", "q8_0", "q4_k")  # the nearest wider one present
+    assert fold(("q4_0", "q5_0", "q8_0"), 1) == ("q8_0",) * 3
+    assert fold(("q4_k", "q6_k", "q8_0"), 2) is None  # no widening joins them: the kind stays float
+    assert fold(("q4_k", "q6_k"), 2) == ("q4_k", "q6_k")  # within the limit: as stored
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_embedding_rows_are_looked_up_from_the_blocks(fmt):
     from exactspec.model import forward as F
@@ -145,6 +175,27 @@ def _assert_twin(net, ids: list[int]) -> None:
     t = torch.tensor(ids)
     z, p = torch.zeros_like(t), torch.arange(len(ids))
     assert torch.equal(net.forward(t, z, p, net.new_cache(1, 64)), net.forward_ref(t, z, p, net.new_cache(1, 64)))
+
+
+def test_a_kind_in_three_formats_is_widened_not_dequantized(tmp_path):
+    """down in Q6_K, Q5_1 and Q4_1 over three layers: Q4_1 is widened to Q5_1 (two stacks, no float copy),
+    the dequantized model's bits (float activations), and a function of each row with int8 activations.
+    (The other kinds as MIXED's two layers: after the fold every kind has MIXED's types, one compiled forward.)"""
+    fmts = {**MIXED, "blk.2.attn_v.weight": "q4_0", "blk.2.attn_output.weight": "q4_0", "blk.2.ffn_gate.weight": "q5_k",
+            "blk.2.ffn_up.weight": "q5_k", "blk.2.ffn_down.weight": "q4_1"}
+    hf = random_model("qwen2", hidden=256, layers=3)
+    path = write_gguf(hf, tmp_path / "m.gguf", arch="qwen2", types={n: TYPE[f] for n, f in fmts.items()})
+    kept, deq, m = (exactspec.load(path, activations="float32"), exactspec.load(path, dtype="float32"),
+                    exactspec.load(path))
+    assert [L.w_down.fmt for L in kept.net.layers] == ["q6_k", "q5_1", "q5_1"]
+    assert [L.w_down.fmt for L in m.net.layers] == ["q6_ki", "q5_1i", "q5_1i"]
+    st = kept.net.stack.arrays
+    assert [st["sel_w_down"].tolist(), st["w_down"].shape[0], st["w_down_alt"].shape[0]] == [[0, -1, -2], 1, 2]
+    assert all(a.dtype.names for n, a in st.items() if n.startswith("w") and a.shape[0])  # nothing dequantized
+    ids = _ids()
+    assert torch.equal(kept.logits(ids), deq.logits(ids))
+    whole = m.logits(ids)
+    assert torch.equal(torch.cat([m.logits(ids[: i + 1])[-1:] for i in range(0, len(ids), 7)]), whole[::7])
 
 
 @pytest.mark.parametrize("arch,fmts", [("llama", ALL_Q8), ("qwen2", ALL_Q8), ("qwen2", MIXED)], ids=["llama-q8_0",
