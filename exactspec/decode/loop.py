@@ -53,7 +53,8 @@ class Batch:
         self.capacity = min(capacity, target.max_context)
         self.branches = branches if drafter is not None else 1
         helpers = n_slots * (self.branches - 1)
-        self.cache = target.new_cache(n_slots, self.capacity, prefix_blocks, helpers)
+        # (a sequence's next rows start at its committed length: its rows only move forward)
+        self.cache = target.new_cache(n_slots, self.capacity, prefix_blocks, helpers, forward_only=True)
         self._helpers = list(range(n_slots, n_slots + helpers))  # free helper slots (tree verification)
         self._sibs: list[tuple[int, int, int]] = []  # this step's siblings: (index in old, helper slot, token)
         self.prefix = PrefixCache(self.cache, prefix_blocks) if prefix_blocks else None

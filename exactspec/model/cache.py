@@ -12,8 +12,10 @@ decode loop, and the next forward overwrites the positions of rejected drafts.
 
 Sliding-window layers (Gemma 3: five of every six; Mistral: all) keep their keys in a pool of their
 own with a table of its own (`local_table`), and a slot lets go of a local block as soon as no row can
-reach it again: a forward's rows at positions >= p (a slot's rows only ever move forward) read keys
-> p - window, so `reserve` first drops the slot's local blocks wholly below that. A sequence then holds
+reach it again: where a slot's rows only ever move forward (`forward_only`: the decode loop's target
+cache, whose next rows start at the committed length), a forward's rows at positions >= p read keys
+> p - window, so `reserve` first drops the slot's local blocks wholly below that. (A draft model's cache
+rolls back past its rejected drafts, to positions below its last rows': it keeps every block.) A sequence then holds
 about window / BLOCK local blocks however long it grows (plus the rows of the forward in flight: with
 chunked prefill, a chunk's): its sliding layers' KV is bounded by the window. Global layers' blocks
 (`table`) are kept for every position, as before. Which blocks hold a position changes no bit: the
@@ -87,18 +89,20 @@ class Pool:
 class KVCache:
     def __init__(self, n_layers: int, n_slots: int, n_kv_heads: int, head_dim: int, capacity: int,
                  spare_blocks: int = 0, kv_dtype: str = "float32", helpers: int = 0,
-                 windows: np.ndarray | None = None):
+                 windows: np.ndarray | None = None, forward_only: bool = False):
         """`spare_blocks`: room beyond every slot at full capacity, for blocks the prefix cache keeps.
         `kv_dtype`: "float32", or "bfloat16" (each key and value rounded once when written).
         `helpers`: slots n_slots.. that hold a sequence's cache for one step (`fork`: a sibling branch
         of tree verification, decode/loop.py); they share its full blocks, so 2 blocks of room each.
         `windows` (n_layers,): each layer's sliding window (0: global); the layers with one keep their
         keys in the local pool. The pools are sized for every slot at full capacity (address space
-        only: memory becomes resident as blocks are first written)."""
+        only: memory becomes resident as blocks are first written). `forward_only`: the caller never feeds
+        a slot a row below its last forward's first row (so local blocks behind the window may go)."""
         w = np.zeros(n_layers, np.int64) if windows is None else np.asarray(windows, np.int64)
         local = w > 0
         self.capacity, self.n_slots = capacity, n_slots + helpers
         self.window = int(w.max()) if local.any() else 0  # local blocks are dropped below the widest window
+        self.forward_only = forward_only
         self.is_local = local
         self.at = np.array([int((local[:i] == local[i]).sum()) for i in range(n_layers)], np.int64)  # index in its pool
         per_slot = -(-capacity // BLOCK)
@@ -150,7 +154,7 @@ class KVCache:
         go of the local blocks that no row at these positions or later can read."""
         if slot.shape[0] == 0:
             return
-        if self.window:
+        if self.window and self.forward_only:
             for s in np.unique(slot).tolist():
                 self._forget(s, int(pos[slot == s].min()))
         for pool, table in self._kinds():

@@ -165,10 +165,13 @@ class Transformer:
     def limits(self) -> Limits:
         return Limits(self.cfg.vocab_size, self.max_context)
 
-    def new_cache(self, n_slots: int, capacity: int, spare_blocks: int = 0, helpers: int = 0) -> KVCache:
+    def new_cache(self, n_slots: int, capacity: int, spare_blocks: int = 0, helpers: int = 0,
+                  forward_only: bool = False) -> KVCache:
+        """forward_only: a slot's rows never go below its last forward's first row (model/cache.py: then a
+        sliding-window layer's blocks behind its window are let go)."""
         c = self.cfg
         return KVCache(c.n_layers, n_slots, c.n_kv_heads, c.head_dim, min(capacity, self.max_context), spare_blocks,
-                       self.kv_dtype, helpers, self.windows)
+                       self.kv_dtype, helpers, self.windows, forward_only)
 
     @property
     def block_bytes(self) -> int:

@@ -30,7 +30,7 @@ def test_each_node_of_a_tree_gets_its_paths_plain_logits(ckpt, n, threads, arch)
     chain, sibs = [11, 12, 13], [21, 22]
     K.set_num_threads(threads)
     try:
-        cache = net.new_cache(2, 128, helpers=len(sibs))
+        cache = net.new_cache(2, 128, helpers=len(sibs), forward_only=True)  # (as the decode loop's)
         rows = Rows()
         rows.add(1, seq[:-1], 0)  # the sequence in slot 1 (slot 0 stays empty)
         rows.forward(net, cache)

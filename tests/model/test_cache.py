@@ -78,7 +78,7 @@ def test_batch_returns_every_block(ckpt):
 def test_sliding_window_layers_let_go_of_blocks_behind_the_window():
     """Layers 0 and 2 slide (window 40), layer 1 is global: a slot's local blocks wholly below p - 39 for its
     first row p go back to the pool at the next reserve; the global ones stay; what rows still read is held."""
-    c = KVCache(3, 2, 1, 4, 10 * BLOCK, windows=np.array([40, 0, 40]))
+    c = KVCache(3, 2, 1, 4, 10 * BLOCK, windows=np.array([40, 0, 40]), forward_only=True)
     assert c.local.k.shape[0] == 2 and c.full.k.shape[0] == 1 and c.at.tolist() == [0, 0, 1]
     for p in range(0, 8 * BLOCK, 4):  # slot 0 fed 4 positions a step (chunked prefill, or a verify)
         c.reserve(np.zeros(4, np.int64), np.arange(p, p + 4))
@@ -101,7 +101,7 @@ def test_a_prefix_hit_needs_only_the_local_blocks_of_its_window():
     """A prefix cache entry that kept a sequence's global blocks but not the local ones it had let go of
     serves a prompt only where the window before its first computed position is all kept."""
     from exactspec.model.prefix import PrefixCache
-    c = KVCache(2, 2, 1, 4, 10 * BLOCK, spare_blocks=8, windows=np.array([32, 0]))
+    c = KVCache(2, 2, 1, 4, 10 * BLOCK, spare_blocks=8, windows=np.array([32, 0]), forward_only=True)
     tokens = list(range(100, 200))
     for p in range(100):  # decoded one position at a time: only the last ~2 local blocks held
         c.reserve(np.zeros(1, np.int64), np.array([p]))
@@ -138,3 +138,13 @@ def test_gemma_decoding_holds_its_window_not_its_length(ckpt):
         assert s.finish_reason == "length" and len(s.generated) == n
         ids = p + s.generated
         assert m.logits(ids[:-1])[len(p) - 1:].argmax(-1).tolist() == s.generated
+
+
+def test_a_windowed_draft_model_keeps_its_blocks_for_its_rollbacks(ckpt):
+    """A draft model's cache rolls back past its rejected drafts, below its last forward's rows: it is not
+    forward_only, so a Gemma drafting for a Gemma keeps every block (letting go behind the window failed here:
+    'slot 0 at position 41 before its earlier positions were written')."""
+    t, d = exactspec.load(ckpt("gemma3")), exactspec.load(ckpt("gemma3", seed=3))
+    p = list(range(2, 40))
+    plain = t.generate(p, 120, ignore_eos=True).token_ids
+    assert t.generate(p, 120, ignore_eos=True, draft=d, num_draft_tokens=8).token_ids == plain
