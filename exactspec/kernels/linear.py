@@ -79,11 +79,20 @@ def linear_block(x, w, bias, y, b, mode):
         m0 += mr
 
 
+@njit(inline="always")
+def block(x, w, bias, y, b, mode):
+    # linear_block with its incidental argument types made one: the block index int64 (a parallel loop's
+    # index is uint64, a serial one's int64), the mode a plain int64 (a constant would be a literal type),
+    # y of any layout ('A': a column slice and a whole array alike), so each weight type compiles one
+    # linear_block that every caller, parallel or serial build, shares (was up to 10 per weight type).
+    linear_block(x, w, bias, y[:, :y.shape[1]], np.int64(b), np.int64(mode))
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def _linear(x, w, bias, y):
     xa = acts(x, w, act_buffers(x.shape[0], x.shape[1]))
     for b in prange(w.shape[0]):
-        linear_block(xa, w, bias, y, b, STORE)
+        block(xa, w, bias, y, b, STORE)
     return y
 
 

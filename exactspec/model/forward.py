@@ -30,7 +30,7 @@ from numba.extending import overload
 from ..kernels.attention import attend_task, attention_tasks
 from ..kernels.layout import LAYOUTS, NL, QK
 from ..kernels.actquant import act_buffers, acts
-from ..kernels.linear import ADD, STORE, SWIGLU, linear_block
+from ..kernels.linear import ADD, STORE, SWIGLU, block
 from ..kernels.moe import route_into
 from ..kernels.pack import PackedWeight
 from ..kernels.rows import qkv_rope_cache_into, rmsnorm_into
@@ -153,9 +153,9 @@ def _linear_at(xa, w, i, bias, y, b, mode):
     a, alt, sel = w
     s = sel[i]
     if s >= 0:
-        linear_block(xa, a[s], bias, y, b, mode)
+        block(xa, a[s], bias, y, b, mode)
     else:
-        linear_block(xa, alt[-1 - s], bias, y, b, mode)
+        block(xa, alt[-1 - s], bias, y, b, mode)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -218,12 +218,13 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
     act = np.empty((R, I), np.float32)
     ab = act_buffers(R, max(H, Hq * D, I))  # int8 rows for integer-dot layouts, reused by every linear
     tasks = attention_tasks(slot, pos, Hq, Hkv, threads)
+    store, add = np.int64(STORE), np.int64(ADD)  # plain int64s: one _linear_layer build for every mode
     for i in range(L):  # acts: each linear's input as its tile takes it (int8 rows for integer-dot layouts)
         rmsnorm_into(x, attn_norm[i], eps, h)
         ha = acts(h, wqkv[0], ab)  # (wv, when apart, is quantized as wqkv is: the same rows serve)
-        _linear_layer(ha, wqkv, i, bqkv[i], qkv[:, :nqk], STORE)
+        _linear_layer(ha, wqkv, i, bqkv[i], qkv[:, :nqk], store)
         if wv[2].shape[0] > 0:
-            _linear_layer(ha, wv, i, bv[i], qkv[:, nqk:], STORE)
+            _linear_layer(ha, wv, i, bv[i], qkv[:, nqk:], store)
         t_i, j = rope_of[i], kv_at[i]
         if windows[i] > 0:  # a sliding-window layer's keys: the local pool's (cache.py)
             table, kc, vc = ltable, lk[j], lv[j]
@@ -235,10 +236,10 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
         for t in prange(tasks.shape[0]):
             attend_task(tasks[t], q, kc, vc, table, slot, pos, scale, window, a3)
         if post:
-            _linear_layer(acts(a, wo[0], ab), wo, i, bo[i], o, STORE)
+            _linear_layer(acts(a, wo[0], ab), wo, i, bo[i], o, store)
             _add_normed(x, o, post_attn[i], eps)
         else:
-            _linear_layer(acts(a, wo[0], ab), wo, i, bo[i], x, ADD)
+            _linear_layer(acts(a, wo[0], ab), wo, i, bo[i], x, add)
         rmsnorm_into(x, mlp_norm[i], eps, h)
         if E:
             _experts(h, wr, br, wgu, bgu, wdown, bdown, i, E, k_used, norm_topk, gated, I, ab, o)
@@ -249,10 +250,10 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
             continue
         _linear_layer(acts(h, wgu[0], ab), wgu, i, bgu[i], act, gated)
         if post:
-            _linear_layer(acts(act, wdown[0], ab), wdown, i, bdown[i], o, STORE)
+            _linear_layer(acts(act, wdown[0], ab), wdown, i, bdown[i], o, store)
             _add_normed(x, o, post_mlp[i], eps)
         else:
-            _linear_layer(acts(act, wdown[0], ab), wdown, i, bdown[i], x, ADD)
+            _linear_layer(acts(act, wdown[0], ab), wdown, i, bdown[i], x, add)
     n = out_rows.shape[0]
     hf = np.empty((n, H), np.float32)
     xs = np.empty((n, H), np.float32)
@@ -263,7 +264,7 @@ def _forward(rows, top, layers, dims, cache, logits, hidden):
         rmsnorm_into(x, norm, eps, hidden)
     hfa = acts(hf, head, ab)
     for b in prange(head.shape[0]):
-        linear_block(hfa, head, np.empty(0, np.float32), logits, b, STORE)
+        block(hfa, head, bqkv[0][:0], logits, b, STORE)  # (an empty bias of the layers' type)
     return logits
 
 
@@ -288,7 +289,7 @@ def _experts(h, wr, br, wgu, bgu, wdown, bdown, i, E, k, norm_topk, gated, I, ab
     # y[r] += out * weight for each of them (y from zero: each row's sum in expert-index order).
     R, H = h.shape
     logits = np.empty((R, E), np.float32)
-    _linear_layer(acts(h, wr[0], ab), wr, i, br[i], logits, STORE)
+    _linear_layer(acts(h, wr[0], ab), wr, i, br[i], logits, np.int64(STORE))
     idx = np.empty((R, k), np.int64)
     wts = np.empty((R, k), np.float32)
     route_into(logits, k, norm_topk, idx, wts)
@@ -312,7 +313,7 @@ def _experts(h, wr, br, wgu, bgu, wdown, bdown, i, E, k, norm_topk, gated, I, ab
         act = np.empty((n, I), np.float32)
         _linear_layer(acts(he, wgu[0], ab), wgu, u, bgu[u], act, gated)
         out = np.empty((n, H), np.float32)
-        _linear_layer(acts(act, wdown[0], ab), wdown, u, bdown[u], out, STORE)
+        _linear_layer(acts(act, wdown[0], ab), wdown, u, bdown[u], out, np.int64(STORE))
         for j in range(n):
             r = rows[j]
             for c in range(H):

@@ -321,3 +321,25 @@ def test_serial_builds_have_their_own_disk_cache_entries(tmp_path):
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
     index = sorted(p.name.split("-")[0] for p in tmp_path.rglob("*.nbi") if p.name.startswith("linear."))
     assert index == ["linear._linear", "linear._linear_serial", "linear.linear_block"], index  # (the block: no prange)
+
+
+def test_each_weight_type_compiles_one_linear_block(ckpt, monkeypatch):
+    """linear_block (the tiles, the costly compile) took its types from each call site: the block index
+    uint64 in a parallel loop and int64 in a serial one, each mode constant its own literal type, y a
+    column slice ('A') or a whole array ('C'): up to 10 compiles of the same tiles per weight type in
+    every forward. All callers go through linear.block, so the parallel and serial builds of the forward
+    and of K.linear share one per weight type (and rows type and bias type)."""
+    import exactspec
+    from exactspec.kernels.linear import linear_block
+    from exactspec.model import forward
+    m = exactspec.load(ckpt("llama"))
+    for limit in (0, 1 << 62):  # the threaded build, then the serial one
+        monkeypatch.setattr(forward, "SERIAL_FORWARD", limit)
+        m.logits(list(range(3, 12)))
+    w = K.pack_weight(torch.randn(4096, 64))
+    K.linear(torch.randn(1, 64), w)  # serial
+    K.linear(torch.randn(4, 64), w)  # threaded
+    sigs = {}
+    for s in linear_block.signatures:
+        sigs.setdefault(s[:3], []).append(s[3:])
+    assert sigs and all(len(v) == 1 for v in sigs.values()), sigs
