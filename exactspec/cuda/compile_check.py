@@ -31,7 +31,7 @@ def launches() -> list[tuple[str, object, dict, dict, dict]]:
             bm, bn, bk, warps, stages = K.matmul_config(n, k)
             for bias in (False, True) if (n, k) == SHAPES[0] else (False,):
                 sig = dict(x=ptr, w=ptr, b="*fp32" if bias else ptr, y=ptr, M="i32", N="i32", K="i32")
-                const = dict(HAS_BIAS=bias, BM=bm, BN=bn, BK=bk, UPCAST=False, IEEE=dt == "fp32")
+                const = dict(HAS_BIAS=bias, BM=bm, BN=bn, BK=bk, UNFUSED=False, IEEE=dt == "fp32")
                 out.append((f"matmul {dt} {n}x{k} bias={bias}", K._matmul_kernel, sig, const,
                             dict(num_warps=warps, num_stages=stages)))
         for k in ROWS:

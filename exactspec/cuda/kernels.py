@@ -14,11 +14,15 @@ or the cache length. So:
   rows give the same bits, alone or beside any others, over a cache of any length.
 Elementwise functions (exp, rsqrt) are per element on a GPU: no vector-body / scalar-tail split.
 
-Under TRITON_INTERPRET=1 (the CPU tests) every kernel runs in numpy. Triton 3.9's interpreter
-multiplies bfloat16 dot operands as their raw uint16 bits (`create_dot`), so there the tiles are
-widened to float32 first (`UPCAST`; exact: a product of two bfloat16 values fits float32), and it
-rounds float32 to bfloat16 by truncation where a GPU rounds to nearest even: there a bfloat16 result's
-last bit can differ from a GPU's, alike for every row. Everything else is the code a GPU compiles.
+Under TRITON_INTERPRET=1 (the CPU tests) every kernel runs in numpy. Triton 3.9's interpreter runs
+`tl.dot` as `np.matmul`, i.e. the BLAS numpy was built with (OpenBLAS), whose float32 kernel picks its
+code path by a row's place in the tile on some CPUs (OpenBLAS's Haswell kernel, the one AVX2-only CPUs
+get: a row alone at tile row 0 and the same row at tile row 6 round differently), and it multiplies
+bfloat16 operands as their raw uint16 bits. So there the matmul tile is an explicit sum over k of
+float32 products (`UNFUSED`: numpy adds the k slices in order, the same for every row); a GPU runs
+`tl.dot`. The interpreter also rounds float32 to bfloat16 by truncation where a GPU rounds to nearest
+even: there a bfloat16 result's last bit can differ from a GPU's, alike for every row. Everything else
+is the code a GPU compiles.
 """
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ def matmul_config(n: int, k: int) -> tuple[int, int, int, int, int]:
 
 @triton.jit
 def _matmul_kernel(x, w, b, y, M, N, K, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   BK: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+                   BK: tl.constexpr, UNFUSED: tl.constexpr, IEEE: tl.constexpr):
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -53,8 +57,8 @@ def _matmul_kernel(x, w, b, y, M, N, K, HAS_BIAS: tl.constexpr, BM: tl.constexpr
         kk = k0 + rk
         a = tl.load(x + rm[:, None] * K + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
         bt = tl.load(w + rn[None, :] * K + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K), other=0.0)
-        if UPCAST:
-            acc = tl.dot(a.to(tl.float32), bt.to(tl.float32), acc)
+        if UNFUSED:  # the interpreter: an explicit k-ordered sum (its tl.dot is BLAS, see matmul)
+            acc += tl.sum(a.to(tl.float32)[:, :, None] * bt.to(tl.float32)[None, :, :], axis=1)
         elif IEEE:
             acc = tl.dot(a, bt, acc, input_precision="ieee")  # float32 weights: no TF32, as torch's default
         else:
@@ -76,7 +80,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     bm, bn, bk, warps, stages = matmul_config(N, K)
     grid = (triton.cdiv(M, bm), triton.cdiv(N, bn))
     _matmul_kernel[grid](x, w, bias if bias is not None else w, y, M, N, K, HAS_BIAS=bias is not None,
-                         BM=bm, BN=bn, BK=bk, UPCAST=INTERPRETED and x.dtype != torch.float32,
+                         BM=bm, BN=bn, BK=bk, UNFUSED=INTERPRETED,
                          IEEE=x.dtype == torch.float32, num_warps=warps, num_stages=stages, **NO_FUSION)
     return y
 

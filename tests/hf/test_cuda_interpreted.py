@@ -45,6 +45,29 @@ def test_matmul_rows_are_invariant_to_row_count_and_neighbours(dtype):
     assert torch.equal(K.matmul(x[:5], w, b)[3], K.matmul(x, w, b)[3])  # stored in x's dtype: invariant too
 
 
+_AT_ANY_TILE_ROW = """
+import os, torch
+from exactspec.cuda import kernels as K
+assert K.INTERPRETED
+for dtype in (torch.float32, torch.bfloat16):
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(32, 64, generator=g).to(dtype), torch.randn(64, 64, generator=g).to(dtype)
+    full = K.matmul(x, w, None, torch.float32)
+    bad = [r for r in range(32) if not torch.equal(K.matmul(x[r:r + 1], w, None, torch.float32)[0], full[r])]
+    assert not bad, (dtype, bad)
+print("ok")
+"""
+
+
+def test_matmul_row_is_the_same_at_any_tile_row_under_openblas_haswell_kernel():
+    """A row alone (tile row 0) and at tile row r of a full tile give the same bits, also where numpy's
+    BLAS is OpenBLAS's Haswell kernel, the one every AVX2-only CPU gets: its sgemm rounds a row by its
+    place in the tile, so the interpreter's tl.dot (np.matmul) broke a bfloat16 forward there."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OPENBLAS_CORETYPE": "Haswell"}
+    r = subprocess.run([sys.executable, "-c", _AT_ANY_TILE_ROW], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_row_kernels_are_invariant_and_close(dtype):
     x = randn(9, 300, dtype=dtype) * 3
