@@ -3,7 +3,9 @@ position altered; the numerics version follows the kernels' golden record."""
 import hashlib
 import json
 from pathlib import Path
+from typing import Literal, Optional
 
+import pydantic
 import pytest
 
 import exactspec
@@ -53,6 +55,36 @@ def test_a_receipt_verifies_by_plain_decoding(model, kw):
     assert rec["model"]["sha256"] == receipt.model_sha256(model.folder)
     v = receipt.verify(model, rec)
     assert v.identical and v.first_difference == [None], v.problems
+
+
+class _Inner(pydantic.BaseModel):
+    zeta: int
+    alpha: Literal["b", "a"]
+
+
+class _Person(pydantic.BaseModel):  # fields out of alphabetical order, nested, optional, an enum
+    name: str
+    age: int
+    where: Optional[_Inner] = None
+    tags: list[Literal["z", "y"]] = []
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+     "required": ["name", "age"]},
+    {"type": "object", "properties": {"z": {"type": "object", "properties": {"b": {"const": 1}, "a": {"const": 2}},
+                                            "required": ["b", "a"]}, "y": {"enum": ["q", "p"]}},
+     "required": ["z", "y"]},
+    _Person, _Inner])
+def test_a_json_schema_receipt_verifies_in_the_callers_key_order(model, schema):
+    """The answer writes properties in the caller's order; the receipt keeps the schema text that was
+    compiled, so the replay writes them in that order too (it stored them sorted: 'differs at 1')."""
+    r = model.generate([5, 6, 7, 8], 40, json_schema=schema, draft="lookup")
+    first = (schema.model_json_schema() if isinstance(schema, type) else schema)["required"][0]
+    assert r.text.startswith('{"' + first), r.text
+    rec = json.loads(json.dumps(r.receipt()))
+    v = receipt.verify(model, rec)
+    assert v.identical, v.problems
 
 
 def test_a_tampered_receipt_fails_at_the_position_tampered(model):

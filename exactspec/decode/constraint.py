@@ -96,9 +96,10 @@ def _line(message: str) -> str:
 def _make(vocab: Vocab, kind: str, value: Any, name: str) -> Grammar:
     from llguidance import LLMatcher
     if kind == "json_schema":
-        schema = _schema(value)
-        source = json.dumps(schema, sort_keys=True)
-        compiled = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+        # the schema's text in the caller's key order (the order properties are written in), compiled from
+        # that very text: a receipt keeps it, and its replay compiles the same grammar
+        source = json.dumps(_schema(value))
+        compiled = LLMatcher.grammar_from_json_schema(source, defaults=JSON_OPTIONS)
     elif kind in ("grammar", "regex") and not isinstance(value, str):
         raise InvalidRequest(f"{name}: expected a string, got {type(value).__name__}", name)
     elif kind == "grammar":
