@@ -265,6 +265,15 @@ class FunctionDef(BaseModel):
     strict: bool | None = None
     _check = field_validator("description", "parameters")(_utf8_deep)
 
+    @field_validator("parameters")
+    @classmethod
+    def _an_object(cls, v):
+        """A call's arguments are a JSON object (OpenAI's rule): a schema of another type is refused."""
+        if v is not None and v.get("type", "object") != "object":
+            raise ValueError(f"a tool's parameters must be a JSON schema of an object (\"type\": \"object\"), "
+                             f"not of type {v.get('type')!r}")
+        return v
+
 
 class Tool(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)

@@ -192,9 +192,9 @@ class Reply:
         """An answer as (content, tool_calls, finish_reason): read for calls where tools are offered."""
         if self.tp is None:
             return text, None, finish
-        content, calls = tools.calls(text, self.tp)
+        content, calls = tools.calls(text, self.tp, cut=finish == "length")
         if not calls:
-            return text, None, finish
+            return content, None, finish
         return content, calls, "tool_calls" if finish == "stop" else finish  # cut by max_tokens: "length" stays
 
     def receipt(self, gens: list[Generation]) -> dict:
@@ -238,10 +238,8 @@ class Reply:
             texts = await task
             for i, (g, text) in enumerate(zip(gens, texts)):
                 content, calls, finish = self._calls(text, g.finish_reason)
-                if calls:
-                    yield chunks.chunk(i, None, tool_calls=calls)
-                elif content:
-                    yield chunks.chunk(i, content)
+                if calls or content:  # one delta with all of the message: its content and its calls
+                    yield chunks.chunk(i, content, tool_calls=calls)
                 yield chunks.chunk(i, "", finish)
             for c in chunks.end()[:-1]:
                 yield c

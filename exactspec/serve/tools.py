@@ -16,7 +16,6 @@ always parses; with "auto" the model chooses, and blocks that parse become calls
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from dataclasses import dataclass
 
@@ -29,7 +28,6 @@ OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
 FALLBACK = ("You can call functions. To call one, answer with a block\n<tool_call>\n{\"name\": <the function's "
             "name>, \"arguments\": <its arguments as a JSON object>}\n</tool_call>\nfor each call, and nothing "
             "else. The functions:\n")
-_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
 @dataclass
@@ -58,12 +56,26 @@ def plan(r: ChatRequest) -> ToolPlan | None:
     return ToolPlan(tools, r.tool_choice != "none", r.parallel_tool_calls is not False)
 
 
+def _rebased(v, base: str):
+    """A schema moved to the JSON pointer `base` of a larger one: its document-local `$ref`s ("#",
+    "#/$defs/X", "#/properties/a") made to point where their targets now are."""
+    if isinstance(v, dict):
+        return {k: (base + x[1:] if k == "$ref" and isinstance(x, str) and x.startswith("#") else _rebased(x, base))
+                for k, x in v.items()}
+    if isinstance(v, list):
+        return [_rebased(x, base) for x in v]
+    return v
+
+
 def _call_schema(tools: list[Tool]) -> dict:
-    def one(t: Tool) -> dict:
+    """One schema for a call of any of the tools: {"name": its name, "arguments": its parameters}, each
+    tool's parameters rebased where they sit (pydantic's `$defs` refs keep working)."""
+    def one(i: int, t: Tool) -> dict:
         args = t.function.parameters if t.function.parameters is not None else {"type": "object", "properties": {}}
-        return {"type": "object", "properties": {"name": {"const": t.function.name}, "arguments": args},
+        return {"type": "object", "properties": {"name": {"const": t.function.name},
+                                                 "arguments": _rebased(args, f"#/anyOf/{i}/properties/arguments")},
                 "required": ["name", "arguments"], "additionalProperties": False}
-    return {"anyOf": [one(t) for t in tools]}
+    return {"anyOf": [one(i, t) for i, t in enumerate(tools)]}
 
 
 def _json_schema(r: _Sampling) -> dict | None:
@@ -143,25 +155,57 @@ def messages(r: ChatRequest, tp: ToolPlan | None, template: str) -> tuple[list[d
     return out, tools if native else None
 
 
-def calls(text: str, tp: ToolPlan) -> tuple[str | None, list[dict]]:
+def _block(text: str, at: int) -> tuple[object, int] | None:
+    """The JSON value of the call block opening at `at` and the index past its close, read as JSON (a
+    string inside it may hold any text, "</tool_call>" too); None if it is not one whole block."""
+    j = at + len("<tool_call>")
+    while j < len(text) and text[j].isspace():
+        j += 1
+    try:
+        value, j = json.JSONDecoder().raw_decode(text, j)
+    except ValueError:
+        return None
+    while j < len(text) and text[j].isspace():
+        j += 1
+    return (value, j + len("</tool_call>")) if text.startswith("</tool_call>", j) else None
+
+
+def _cut_markup(text: str, cut: bool) -> str:
+    """The text less a call block that never closed, and, in an answer cut by max_tokens (`cut`), less
+    the start of an opening tag at its very end ("<tool"): markup is not content."""
+    if (j := text.rfind("<tool_call>")) >= 0 and "</tool_call>" not in text[j:]:
+        return text[:j]
+    for n in range(len("<tool_call>") - 1, 0, -1):
+        if cut and text.endswith("<tool_call>"[:n]):
+            return text[:-n]
+    return text
+
+
+def calls(text: str, tp: ToolPlan, cut: bool = False) -> tuple[str | None, list[dict]]:
     """An answer's text as (content, OpenAI tool_calls): every block naming an offered tool with an
-    arguments object is a call; the text around them is the content (None when there is none)."""
+    arguments object is a call (parsed as the JSON it is; one only unless tp.parallel); the text around
+    them is the content (None when there is none, with calls). A block that never closed (`cut`: the
+    answer ran out of tokens) is dropped, never left in the content as markup."""
     names = {t.function.name for t in tp.tools}
-    found, rest = [], text
-    for m in _BLOCK.finditer(text):
-        try:
-            c = json.loads(m.group(1))
-        except ValueError:
+    found, kept, at = [], [], 0
+    while (i := text.find("<tool_call>", at)) >= 0 and (found == [] or tp.parallel):
+        got = _block(text, i)
+        if got is None:  # not a whole block: text up to the next opening
+            kept.append(text[at:i + 1])
+            at = i + 1
             continue
+        c, end = got
         if isinstance(c, dict) and c.get("name") in names and isinstance(c.get("arguments"), dict):
             found.append({"id": "call_" + secrets.token_hex(12), "type": "function",
                           "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}})
-            rest = rest.replace(m.group(0), "", 1)
-        if found and not tp.parallel:
-            break
+            kept.append(text[at:i])
+        else:
+            kept.append(text[at:end])
+        at = end
+    kept.append(text[at:])
     if not found:
-        return text, []
-    return (rest.strip() or None), found
+        return _cut_markup(text, cut), []
+    return (_cut_markup("".join(kept), cut).strip() or None), found
 
 
 def check_history(msgs: list[ChatMessage]) -> None:

@@ -7,6 +7,7 @@ import json
 from typing import Literal
 
 import httpx
+import openai
 import pytest
 from pydantic import BaseModel, Field
 
@@ -150,6 +151,36 @@ def test_a_tool_round_trip(servers):
     assert "<tool_response>" in text and '"forecast": "sun"' in text and "get_weather" in text
 
 
+class Where(BaseModel):
+    city: Literal["Paris", "Oslo"]
+
+
+class Trip(BaseModel):  # nested: pydantic_function_tool writes `$defs` and a root-relative `$ref`
+    where: Where
+    back: Where | None = None
+    days: int = Field(ge=1, le=9)
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "Trip"}}, "auto+format"])
+def test_forced_calls_take_pydantic_function_tools_with_refs(servers, choice):
+    """`$ref: "#/$defs/..."` in a tool's parameters points into that tool's schema, wherever the
+    grammar of calls puts it (it was refused: the refs broke once nested under the call schema)."""
+    tool = openai.pydantic_function_tool(Trip)
+    kw = {"tool_choice": choice} if choice != "auto+format" else {
+        "tool_choice": "auto", "response_format": {"type": "json_schema", "json_schema": {"name": "pet",
+                                                                                        "schema": Pet.model_json_schema()}}}
+    for s in servers:
+        r = _post(s, "/v1/chat/completions", {"messages": ASK, "tools": [tool], "max_tokens": 120,
+                                              "temperature": 0, "parallel_tool_calls": False, **kw})
+        assert r.status_code == 200, r.text
+        msg = r.json()["choices"][0]["message"]
+        for c in msg.get("tool_calls") or []:
+            if c["function"]["name"] == "Trip":
+                Trip.model_validate_json(c["function"]["arguments"])
+        if choice != "auto+format":
+            assert msg["tool_calls"], msg
+
+
 def test_completions_take_response_format_and_grammar(servers):
     for body in ({"response_format": {"type": "json_object"}, "max_tokens": 40},
                  {"grammar": "start: /[0-9]{3}/", "max_tokens": 8}):
@@ -175,8 +206,12 @@ def test_completions_take_response_format_and_grammar(servers):
      "tool_choice", "no tool named 'nope'"),
     ("chat", {"tools": [WEATHER, WEATHER]}, "tools", "share a name"),
     ("chat", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 7}}}],
-              "tool_choice": "required"}, "tools", "parameters"),
+              "tool_choice": "required"}, "tools.0.function.parameters", "parameters"),
+    ("chat", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "strin"}}}}}], "tool_choice": "required"}, "tools", "strin"),
     ("chat", {"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name", ""),
+    ("chat", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+              "tool_choice": "required"}, "tools.0.function.parameters", "must be a JSON schema of an object"),
     ("chat", {"messages": [{"role": "tool", "content": "x"}]}, "messages.0", "tool_call_id"),
     ("chat", {"messages": [{"role": "tool", "content": "x", "tool_call_id": "c1"}]}, "messages.0.tool_call_id",
      "answers no earlier tool call"),
