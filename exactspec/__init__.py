@@ -27,7 +27,7 @@ def _numba_cache_dir() -> str:
 _os.environ.setdefault("NUMBA_CACHE_DIR", _numba_cache_dir())
 
 from .api import GenerationResult, Model, load  # noqa: E402
-from .errors import (CheckpointError, ContextLengthError, ExactSpecError, GenerationError,  # noqa: E402
+from .errors import (CheckpointError, ConstraintError, ContextLengthError, ExactSpecError, GenerationError,  # noqa: E402
                      InvalidArgumentError, InvalidRequest, UnsupportedModelError, WeightError)
 from .kernels import set_num_threads  # noqa: E402
 from .decode.stats import BatchStats, Stats  # noqa: E402
@@ -36,4 +36,5 @@ from .decode.sampling import SamplingParams  # noqa: E402
 
 __all__ = ["load", "Model", "GenerationResult", "Stats", "BatchStats", "Request", "make_request", "SamplingParams",
            "set_num_threads", "ExactSpecError", "CheckpointError", "WeightError", "UnsupportedModelError",
-           "InvalidRequest", "ContextLengthError", "GenerationError", "InvalidArgumentError"]
+           "InvalidRequest", "ContextLengthError", "GenerationError", "ConstraintError",
+           "InvalidArgumentError"]

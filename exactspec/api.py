@@ -23,7 +23,7 @@ from .decode.stats import BatchStats, Stats
 from .decode.request import Limits, Request, check_prompt, make_request
 from .decode.sampling import SamplingParams, TokenLogprob, token_logprobs
 from . import receipt
-from .errors import CheckpointError, GenerationError, InvalidRequest, UnsupportedModelError
+from .errors import CheckpointError, ConstraintError, GenerationError, InvalidRequest, UnsupportedModelError
 from .model.cache import KV_DTYPES
 from .model.checkpoint import open_checkpoint
 from .model.config import ModelConfig
@@ -245,8 +245,8 @@ class Model:
             i, s = failed[0], seqs[failed[0]]
             where = "prompt" if len(seqs) == 1 else f"prompt {i}"
             where += f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-            err = GenerationError(f"{where}: decoding failed after {len(s.generated)} tokens "
-                                  f"({type(s.error).__name__}: {s.error})")
+            msg = f"{where}: decoding failed after {len(s.generated)} tokens ({type(s.error).__name__}: {s.error})"
+            err = ConstraintError(msg, s.error.field) if isinstance(s.error, ConstraintError) else GenerationError(msg)
             err.results = results  # every sequence's result; finish_reason "error" for the failed ones
             raise err from s.error
         return results

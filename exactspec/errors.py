@@ -7,6 +7,8 @@
       InvalidRequest               a request field is out of range (`.field` names it); HTTP 400
         ContextLengthError         the prompt plus the tokens asked for do not fit the context
       GenerationError              decoding failed inside the engine (not the caller's input); HTTP 500
+        ConstraintError            the matcher could not follow a constraint past some output (its limits);
+                                   the caller's constraint, `.field` names it; HTTP 400
 """
 
 
@@ -45,6 +47,15 @@ class GenerationError(ExactSpecError):
     finish_reason "error"), so the others are not lost."""
 
     results: list | None = None
+
+
+class ConstraintError(GenerationError):
+    """A constraint that was accepted but that the matcher could not follow past some output (one of
+    llguidance's resource limits, met only there): the caller's input, `field` names it."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 InvalidArgumentError = InvalidRequest  # the earlier name, kept for callers that catch it

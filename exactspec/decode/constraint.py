@@ -26,12 +26,13 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..errors import GenerationError, InvalidRequest
+from ..errors import ConstraintError, GenerationError, InvalidRequest
 
 # How JSON is written under a schema: one space after ',' and ':', no other whitespace (forced text the
 # model need not guess; json.dumps's default separators)
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 KINDS = ("json_schema", "grammar", "regex", "choice")
+MAX_SOURCE = 256 * 1024  # characters of a constraint's text: a larger one is refused before it is compiled
 
 
 class Vocab:
@@ -51,6 +52,7 @@ class Grammar:
     source: str
     compiled: str = field(repr=False)
     vocab: Vocab = field(repr=False, compare=False)
+    name: str = field(default="", compare=False)  # the field the caller gave it in (errors name it)
 
 
 def _schema(v: Any) -> dict:
@@ -80,6 +82,7 @@ def make_grammar(vocab: Vocab, kind: str, value: Any, name: str | None = None) -
     (default: the kind): json_schema a dict, JSON text or pydantic model class; grammar Lark text (or
     GBNF, told by its '::='); regex a string; choice a list of strings."""
     name = name or kind
+    _size(value if not isinstance(value, type) else None, name)
     try:
         return _make(vocab, kind, value, name)
     except InvalidRequest:
@@ -111,13 +114,45 @@ def _make(vocab: Vocab, kind: str, value: Any, name: str) -> Grammar:
         if not isinstance(value, (list, tuple)) or not value or not all(isinstance(c, str) and c for c in value):
             raise InvalidRequest(f"{name}: expected a non-empty list of non-empty strings", name)
         source = json.dumps(list(value))
-        compiled = LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in value))
+        # one lexer terminal: any number of choices (as parser alternatives, a row of over 2000 fails)
+        compiled = LLMatcher.grammar_from_lark("start: CHOICE\nCHOICE: " + " | ".join(json.dumps(c) for c in value))
     else:
         raise InvalidRequest(f"constraint kind {kind!r}: one of {', '.join(KINDS)}", name)
     bad, messages = LLMatcher.validate_grammar_with_warnings(compiled, vocab.tok)
     if bad:
         raise InvalidRequest(f"{name}: {_line(messages[0]) if messages else 'not a valid constraint'}", name)
-    return Grammar(kind, source, compiled, vocab)
+    g = Grammar(kind, source, compiled, vocab, name)
+    _probe(g)
+    return g
+
+
+def _size(value: Any, name: str) -> None:
+    """Refuse a constraint whose text is over MAX_SOURCE characters, before any compile."""
+    if isinstance(value, (str, list, tuple, dict)):
+        n = len(value) if isinstance(value, str) else len(json.dumps(value, default=str))
+        if n > MAX_SOURCE:
+            raise InvalidRequest(f"{name}: {n} characters; at most {MAX_SOURCE} are taken", name)
+
+
+def _probe(g: Grammar) -> None:
+    """Run the matcher over a first step (the mask at the start; the first allowed token consumed, its
+    forced text computed) so that what fails at once fails here, named: a grammar that allows no text
+    at all (a rule that only refers to itself, schemas whose refs point at each other), or one past
+    the matcher's limits at its first step (a row of thousands of alternatives, a forced run of a
+    million characters)."""
+    m = Matcher(g)
+    try:
+        allowed = m.mask()
+        first = [int(t) for t in np.flatnonzero(allowed) if int(t) not in g.vocab.eos][:1]
+        if first:
+            m.advance(first)
+            m.m.compute_ff_tokens()
+            m._check("its forced text")
+    except GenerationError as e:
+        why = _line((m.m.get_error() or "").strip().splitlines()[0]) if m.m.is_error() else str(e)
+        if "NoExtensionBias" in why or "allows no token" in why:
+            why = "it allows no text (a rule that can only refer to itself, or refs that point at each other)"
+        raise InvalidRequest(f"{g.name}: the matcher cannot follow this constraint: {why}", g.name) from None
 
 
 def lark_json(schema: dict) -> str:
@@ -137,7 +172,8 @@ class Matcher:
     def _check(self, what: str) -> None:
         if self.m.is_error():  # llguidance's message: a first line, then its parser state (dozens of lines)
             first = (self.m.get_error() or "").strip().splitlines() or ["(no message)"]
-            raise GenerationError(f"constraint ({self.g.kind}): {what}: {first[0][:300]}")
+            raise ConstraintError(f"{self.g.name or self.g.kind}: the matcher cannot follow the constraint "
+                                  f"({what}): {first[0][:300]}", self.g.name or self.g.kind)
 
     @property
     def done(self) -> bool:
@@ -150,7 +186,8 @@ class Matcher:
         self._check("computing the allowed tokens")
         allowed = np.unpackbits(bits, bitorder="little")[: self.n].astype(bool)
         if not allowed.any():
-            raise GenerationError(f"constraint ({self.g.kind}): the grammar allows no token after this output")
+            raise ConstraintError(f"{self.g.name or self.g.kind}: the constraint allows no token after this output",
+                                  self.g.name or self.g.kind)
         return allowed
 
     def advance(self, tokens: Sequence[int]) -> None:

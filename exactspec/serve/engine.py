@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..decode.drafters import Drafter
-from ..errors import GenerationError
+from ..errors import ConstraintError, GenerationError
 from ..kernels.threads import get_num_threads, set_num_threads
 from ..decode.loop import Batch
 from ..decode.seq import SeqState
@@ -160,7 +160,10 @@ class Engine:
             self.stats.cancelled += 1
             self.stats.cancelled_tokens += st.new_tokens if st is not None else 0
         err = None
-        if error is not None:  # the client gets an id; the log gets the traceback under it
+        if isinstance(error, ConstraintError):  # the caller's constraint, named: said as it is (a 400)
+            self.stats.failed += 1
+            err = error
+        elif error is not None:  # the client gets an id; the log gets the traceback under it
             self.stats.failed += 1
             eid = uuid.uuid4().hex[:12]
             log.error("exactspec engine: error %s ended a request", eid, exc_info=error)

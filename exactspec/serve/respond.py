@@ -18,6 +18,7 @@ from .. import receipt
 from ..api import Model
 from ..decode.request import Request
 from ..decode.sampling import TokenLogprob
+from ..errors import ConstraintError
 from ..text.stream import StopCut
 from .engine import Engine, EngineDown, Event, Job
 from .metrics import Metrics
@@ -105,6 +106,8 @@ class Generation:
                         self.finish_reason = "stop"
                         self.app.engine.cancel(self.job)
                         return
+                if isinstance(ev.error, ConstraintError):  # the constraint met a limit of the matcher
+                    raise APIError(400, str(ev.error), param=ev.error.field)
                 if ev.error is not None:
                     raise APIError(500, str(ev.error), "server_error")
                 if ev.finish_reason is not None:

@@ -107,6 +107,29 @@ def test_length_ends_with_a_valid_prefix_and_errors_name_the_field(m):
         assert e.value.field == field, kw
 
 
+@pytest.mark.parametrize("kw,field,needle", [
+    (dict(grammar="root ::= root"), "grammar", "allows no text"),
+    (dict(json_schema={"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"}),
+     "json_schema", "allows no text"),
+    (dict(grammar='root ::= "a" root'), "grammar", "Too many items"),
+    (dict(grammar='root ::= "a"{1000000}'), "grammar", "Too many items"),
+    (dict(grammar="root ::= " + " | ".join(f'"x{i}"' for i in range(30000))), "grammar", "at most 262144"),
+    (dict(regex="a" * 300000), "regex", "at most 262144")])
+def test_a_constraint_the_matcher_cannot_follow_is_refused_before_decoding(m, kw, field, needle):
+    """Checked at the boundary (the first step run on a probe matcher): a named InvalidRequest, never a
+    GenerationError from inside the decode loop."""
+    with pytest.raises(InvalidRequest, match=needle) as e:
+        m.generate(PROMPTS[0], 5, **kw)
+    assert e.value.field == field
+
+
+def test_a_choice_of_thousands_of_strings_is_one_of_them(m):
+    words = [f"w{i}" for i in range(5000)]
+    r = m.generate(PROMPTS[0], 12, choice=words, draft="lookup")
+    assert r.text in words and r.finish_reason == "stop"
+    assert r.token_ids == m.generate(PROMPTS[0], 12, choice=words, num_draft_tokens=0).token_ids
+
+
 def test_gbnf_lark_pydantic_and_per_prompt_constraints(m):
     from pydantic import BaseModel
 
@@ -192,7 +215,8 @@ def test_a_grammar_with_no_allowed_token_left_is_a_named_error_for_that_answer_a
     mt = C.Matcher(C.make_grammar(C.Vocab(t.to_str(), len(vocab), [0]), "regex", "ab[0-9]"))
     assert mt.mask().nonzero()[0].tolist() == [11]  # "ab" (llguidance keeps to the canonical split)
     mt.advance([11])
-    with pytest.raises(GenerationError, match=r"^constraint \(regex\): computing the allowed tokens: \S+$"):
+    with pytest.raises(GenerationError, match=r"^regex: the matcher cannot follow the constraint \(computing the "
+                                              r"allowed tokens\): \S+$"):
         mt.mask()
     # in the decode loop: one answer's matcher reaches a dead end at its 4th token
     want = [m.generate(p, 20, ignore_eos=True).token_ids for p in PROMPTS[:2]]

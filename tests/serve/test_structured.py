@@ -200,6 +200,12 @@ def test_completions_take_response_format_and_grammar(servers):
     ("chat", {"response_format": {"type": "json_schema"}}, "response_format", "'json_schema' is given"),
     ("chat", {"response_format": {"type": "yaml"}}, "response_format.type", ""),
     ("chat", {"grammar": "root ::= undefined_rule"}, "grammar", "undefined_rule"),
+    ("chat", {"grammar": "root ::= root"}, "grammar", "allows no text"),
+    ("chat", {"grammar": 'root ::= "a"{1000000}'}, "grammar", "Too many items"),
+    ("chat", {"grammar": 'root ::= "0" | [a-z] "b"{1000000}'}, "grammar", "Too many items"),  # met after 1 token
+    ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"}}}},
+     "response_format.json_schema.schema", "allows no text"),
     ("chat", {"grammar": "x", "response_format": {"type": "json_object"}}, "grammar", "not both"),
     ("chat", {"tool_choice": "required"}, "tool_choice", "tool_choice needs tools"),
     ("chat", {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
