@@ -10,7 +10,7 @@ import dataclasses
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -120,6 +120,29 @@ class Model:
         generation reports for those tokens (any drafter, batch, cache or thread count). To score a
         prompt itself: score(prompt[:1], prompt[1:])."""
         return self.score_batch([(prompt, continuation)], top)[0]
+
+    def score_steps(self, prompt: str | Sequence[int], continuation: str | Sequence[int], top: int = 0,
+                    chunk: int = 64) -> Iterator[list[TokenLogprob]]:
+        """score() in forwards of at most `chunk` rows, one list of TokenLogprobs per forward, so a
+        server can run other requests' steps between them (a long echo costs others one chunk's wait).
+        The same floats as score(): a position's logits are a function of its prefix alone."""
+        p = list(self.encode(prompt))
+        c = list(self.encode(continuation) if not isinstance(continuation, str) or not continuation
+                 else self.encode_text(continuation))
+        if not p:
+            raise InvalidRequest("prompt is empty: the first token has no logprob", "prompt")
+        ids = check_prompt(p + c, self.net.limits, "prompt + continuation")
+        if not c:
+            return
+        cache = self.net.new_cache(1, len(ids))
+        first = len(p) - 1  # the row that predicts the continuation's first token
+        for s in range(0, len(ids) - 1, chunk):
+            e = min(s + chunk, len(ids) - 1)
+            rows = Rows()
+            rows.add(0, ids[s:e], s, logits_from=max(0, first - s) if e > first else None)
+            logits = rows.forward(self.net, cache)
+            if e > first:  # the rows that predict continuation tokens (before them: keys only)
+                yield token_logprobs(logits, ids[max(s, first) + 1:e + 1], top)
 
     def score_batch(self, pairs: Sequence[tuple], top: int = 0) -> list[list[TokenLogprob]]:
         """score() of many (prompt, continuation) pairs, all in one forward."""

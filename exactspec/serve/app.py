@@ -119,12 +119,19 @@ class Server:
                            code="model_not_found", param="model")
 
     async def _score(self, ids: list[int], top: int):
-        """The prompt's token logprobs: a scoring pass, run by the engine thread between its steps."""
-        try:
-            fut = self.engine.call(lambda: self.model.score(ids[:1], ids[1:], top))
-        except EngineDown as e:
-            raise APIError(503, f"{e}; retry later", "server_error") from None
-        return await asyncio.wrap_future(fut)
+        """The prompt's token logprobs: scored in chunks of `prefill_chunk` rows, each run by the engine
+        thread between two of its steps (as a prompt's prefill is), so other requests wait one chunk."""
+        steps = self.model.score_steps(ids[:1], ids[1:], top, self.opts.prefill_chunk)
+        out: list = []
+        while True:
+            try:
+                fut = self.engine.call(lambda: next(steps, None))
+            except EngineDown as e:
+                raise APIError(503, f"{e}; retry later", "server_error") from None
+            part = await asyncio.wrap_future(fut)
+            if part is None:
+                return out
+            out += part
 
     def _chat_prompt(self, r: ChatRequest, tp: tools.ToolPlan | None, cancelled=None) -> list[int]:
         """Template rendering and tokenizing, in a worker thread (both can be slow); `cancelled()`

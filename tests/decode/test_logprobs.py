@@ -88,3 +88,13 @@ def test_processed_logprobs_are_the_distribution_sampled_from_and_as_invariant(p
             assert math.isclose(sum(math.exp(lp) for _, lp in x.top), 1.0, rel_tol=1e-5)
     with pytest.raises(exactspec.InvalidRequest, match="logprobs_mode='cooked'"):
         target.generate([3], 2, logprobs=1, logprobs_mode="cooked")
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_score_in_chunks_is_score(ckpt, chunk):
+    m = exactspec.load(ckpt("llama"))
+    ids = [(7 * i) % 200 + 3 for i in range(40)]
+    for split in (1, 9):
+        want = m.score(ids[:split], ids[split:], top=2)
+        got = [x for part in m.score_steps(ids[:split], ids[split:], top=2, chunk=chunk) for x in part]
+        assert [(x.token, x.logprob, x.top) for x in got] == [(x.token, x.logprob, x.top) for x in want]

@@ -30,6 +30,7 @@ class Gated:
     def __init__(self, net):
         self.net, self.open, self.permits = net, threading.Event(), threading.Semaphore(0)
         self.given = self.used = 0
+        self.waiting = False  # a forward waits for a permit
         self.faulty: set[tuple[int, ...]] = set()  # prompts (token ids) whose sequence fails after 2 tokens
         self._marked: dict[int, int] = {}  # slot -> prompt length, while a faulty prompt decodes there
 
@@ -63,8 +64,10 @@ class Gated:
         self._inject(tokens, slot, pos)
         deadline = time.time() + 60
         if not self.open.is_set():
+            self.waiting = True
             while not self.open.is_set() and not self.permits.acquire(timeout=0.01):
                 assert time.time() < deadline, "the test never let the engine step"
+            self.waiting = False
             self.used += 1
         return self.net.forward(tokens, slot, pos, *args, **kw)
 

@@ -3,6 +3,7 @@ decoding and concurrency, then the prompt + generated tokens scored with echo an
 every token's logprob is the same float (JSON floats round-trip exactly). n, best_of, chat."""
 import concurrent.futures as cf
 import math
+import time
 
 import httpx
 import pytest
@@ -106,3 +107,37 @@ def test_n_choices_stream_interleaved_and_equal_the_whole_ones(srv):
             finishes[x.index] = x.finish_reason or finishes[x.index]
     assert texts == [x.text for x in whole.choices] and all(finishes)
     assert lps == [x.logprobs.token_logprobs for x in whole.choices]
+
+
+def test_echo_scoring_is_chunked_so_a_short_request_waits_one_chunk(folder, model):
+    """A long echo (max_tokens 0, logprobs) is scored in prefill_chunk-row forwards, each between two
+    engine steps: a short request sent after it finishes while the scoring still has chunks to go
+    (one forward held the engine for the whole prompt: 110 s for a 3-token chat on the Gemma file).
+    The gate hands out one forward at a time; the floats are score()'s."""
+    ids = [int(t) for t in (list(range(3, 200)) * 2)[:300]]
+    s = InProcess(folder, ServeOptions(prefill_chunk=16))
+    done: list[str] = []
+
+    def post(name: str, body: dict) -> dict:
+        r = httpx.post(s.url + "/v1/completions", json={"model": "tiny", "temperature": 0, **body}, timeout=300)
+        done.append(name)
+        return r.json()
+    try:
+        with cf.ThreadPoolExecutor(2) as ex:
+            scoring = ex.submit(post, "score", {"prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 0})
+            deadline = time.time() + 120
+            while not s.gate.waiting and time.time() < deadline:  # its first chunk waits at the gate
+                time.sleep(0.01)
+            short = ex.submit(post, "short", {"prompt": [5, 6, 7], "max_tokens": 3, "ignore_eos": True})
+            while not (scoring.done() and short.done()):
+                assert time.time() < deadline + 180, "the engine stalled"
+                if s.gate.idle:
+                    s.gate.step()
+                time.sleep(0.01)
+        assert done == ["short", "score"]  # 300 rows in 16-row chunks: ~19 forwards; the short one needs ~4
+        assert s.gate.used >= 300 // 16
+        got = scoring.result()["choices"][0]["logprobs"]["token_logprobs"][1:]
+        want = [x.logprob for x in model.score(ids[:1], ids[1:])]
+        assert got == want
+    finally:
+        s.stop()
