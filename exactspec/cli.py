@@ -320,9 +320,13 @@ def cmd_verify(a: argparse.Namespace) -> int:
             rec = json.load(f)
     except (OSError, ValueError) as e:
         raise InvalidRequest(f"{a.receipt}: not a readable receipt ({e})", "receipt") from None
-    load_args = rec.get("model", {}).get("load") if isinstance(rec, dict) and isinstance(rec.get("model"), dict) else None
-    if not isinstance(load_args, dict) or not set(load_args) <= {"dtype", "quantize", "activations", "kv_dtype"}:
-        raise InvalidRequest(f"{a.receipt}: model.load is {load_args!r}, not the settings of a load", "receipt")
+    except RecursionError:
+        raise InvalidRequest(f"{a.receipt}: not a readable receipt (nested too deeply)", "receipt") from None
+    try:
+        receipt.check(rec)
+    except InvalidRequest as e:
+        raise InvalidRequest(f"{a.receipt}: {e}", "receipt") from None
+    load_args = rec["model"].get("load", {})
     if a.threads is not None:
         set_num_threads(a.threads)
     v = receipt.verify(load(a.model, **load_args), rec)

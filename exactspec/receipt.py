@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from .decode.constraint import KINDS
 from .decode.loop import run_batch
 from .decode.request import Request, make_request
 from .decode.sampling import SamplingParams
@@ -138,75 +140,167 @@ class Verdict:
         return {"identical": self.identical, "problems": self.problems, "first_difference": self.first_difference}
 
 
-def _field(d: Any, key: str, kind: type | tuple, where: str):
-    v = d.get(key) if isinstance(d, dict) else None
-    if not isinstance(v, kind) or isinstance(v, bool) and kind in (int, (int, float)):
-        raise InvalidRequest(f"receipt: {where}{key} is {v!r}, not a valid value", "receipt")
+FINISH_REASONS = ("stop", "length", "tool_calls", "error")
+_HEX64 = "0123456789abcdef"
+
+
+def _bad(where: str, v: Any, rule: str) -> InvalidRequest:
+    r = repr(v)
+    return InvalidRequest(f"receipt: {where} is {r[:80] + '...' if len(r) > 80 else r}: {rule}", "receipt")
+
+
+def _int(v: Any, where: str, lo: int = 0, hi: int = 2 ** 31) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v < hi:
+        raise _bad(where, v, f"must be an integer in [{lo}, {hi})")
     return v
 
 
-def replay(model: Any, receipt: dict) -> list[tuple[list[int], str]]:
-    """Each choice's (token ids, finish reason) by plain decoding of the receipt's request on `model`."""
-    r = _field(receipt, "request", dict, "")
-    params = dict(temperature=_field(r, "temperature", (int, float), "request."),
-                  top_k=_field(r, "top_k", int, "request."), top_p=_field(r, "top_p", (int, float), "request."),
-                  min_p=_field(r, "min_p", (int, float), "request."),
-                  repetition_penalty=_field(r, "repetition_penalty", (int, float), "request."))
-    stops, prompt = _field(r, "stop", list, "request."), _field(r, "prompt_ids", list, "request.")
-    n, eos = _field(r, "max_new_tokens", int, "request."), _field(r, "eos", list, "request.")
+def _number(v: Any, where: str, ok, rule: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
+        raise _bad(where, v, rule)
+    return v
+
+
+def _text(v: Any, where: str, none: bool = False) -> str | None:
+    if v is None and none:
+        return None
+    if not isinstance(v, str):
+        raise _bad(where, v, "must be a string" + (" or null" if none else ""))
+    return v
+
+
+def _ids(v: Any, where: str, empty: bool = True) -> list[int]:
+    if not isinstance(v, list) or not v and not empty:
+        raise _bad(where, v, "must be a " + ("" if empty else "non-empty ") + "list of token ids")
+    return [_int(t, f"{where}[{i}]") for i, t in enumerate(v)]
+
+
+def _object(v: Any, where: str, required: Sequence[str]) -> dict:
+    if not isinstance(v, dict):
+        raise _bad(where, v, "must be an object")
+    missing = [k for k in required if k not in v]
+    if missing:
+        raise InvalidRequest(f"receipt: {where} has no {', '.join(repr(k) for k in missing)}", "receipt")
+    return v
+
+
+def check(rec: Any) -> None:
+    """The receipt's form, strictly, before anything is replayed: every field present with its type and
+    range (the values a request may have: what the server refuses, a receipt may not hold), at least one
+    choice. InvalidRequest naming the first field that is not."""
+    if not isinstance(rec, dict) or rec.get("receipt") != FORMAT:
+        raise InvalidRequest(f"receipt: not an exactspec receipt (expected \"receipt\": {FORMAT!r})", "receipt")
+    _object(rec, "the receipt", ("numerics", "model", "request", "choices"))
+    _int(rec["numerics"], "numerics")
+    m = _object(rec["model"], "model", ("sha256", "tokenizer_sha256", "weights", "activations", "kv_dtype"))
+    for k in ("sha256", "tokenizer_sha256", "chat_template_sha256"):
+        if k in m and (h := _text(m[k], f"model.{k}", none=k != "sha256")) is not None and (
+                len(h) != 64 or set(h) - set(_HEX64)):
+            raise _bad(f"model.{k}", h, "must be a sha256 (64 hex digits)")
+    for k in ("weights", "activations", "kv_dtype", "name"):
+        if k in m:
+            _text(m[k], f"model.{k}", none=k != "weights")
+    if "load" in m:
+        load = _object(m["load"], "model.load", ())
+        for k, v in load.items():
+            if k not in ("dtype", "quantize", "activations", "kv_dtype"):
+                raise _bad(f"model.load.{k}", v, "not a load setting (dtype, quantize, activations, kv_dtype)")
+            _text(v, f"model.load.{k}", none=True)
+    r = _object(rec["request"], "request", ("prompt_ids", "temperature", "top_k", "top_p", "min_p",
+                                             "repetition_penalty", "max_new_tokens", "eos", "stop"))
+    _ids(r["prompt_ids"], "request.prompt_ids", empty=False)
+    _number(r["temperature"], "request.temperature", lambda v: v >= 0, "must be a number >= 0")
+    _int(r["top_k"], "request.top_k")
+    _number(r["top_p"], "request.top_p", lambda v: 0 < v <= 1, "must be a number in (0, 1]")
+    _number(r["min_p"], "request.min_p", lambda v: 0 <= v <= 1, "must be a number in [0, 1]")
+    _number(r["repetition_penalty"], "request.repetition_penalty", lambda v: v > 0, "must be a number > 0")
+    _int(r["max_new_tokens"], "request.max_new_tokens")
+    _ids(r["eos"], "request.eos")
+    if not isinstance(r["stop"], list) or not all(isinstance(x, str) and x for x in r["stop"]):
+        raise _bad("request.stop", r["stop"], "must be a list of non-empty strings")
+    if r.get("constraint") is not None:
+        c = _object(r["constraint"], "request.constraint", ("kind", "source"))
+        if c["kind"] not in KINDS:
+            raise _bad("request.constraint.kind", c["kind"], f"must be one of {', '.join(KINDS)}")
+        _text(c["source"], "request.constraint.source")
+    choices = rec["choices"]
+    if not isinstance(choices, list) or not choices:
+        raise _bad("choices", choices, "must be a non-empty list (a receipt signs at least one answer)")
+    for i, c in enumerate(choices):
+        c = _object(c, f"choices[{i}]", ("seed", "token_ids", "sha256", "finish_reason"))
+        if c["seed"] is not None:
+            _int(c["seed"], f"choices[{i}].seed", 0, 2 ** 63)
+        _ids(c["token_ids"], f"choices[{i}].token_ids")
+        _text(c["sha256"], f"choices[{i}].sha256")
+        if c["finish_reason"] not in FINISH_REASONS:
+            raise _bad(f"choices[{i}].finish_reason", c["finish_reason"], f"must be one of {', '.join(FINISH_REASONS)}")
+
+
+def replay(model: Any, receipt: dict) -> list[tuple[list[int], str, Exception | None]]:
+    """Each choice's (token ids, finish reason, the error that ended it or None) by plain decoding of
+    the receipt's request on `model`. The receipt is checked first (`check`)."""
+    check(receipt)
+    r = receipt["request"]
+    params = {k: r[k] for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")}
     grammar = None
     if r.get("constraint") is not None:
-        kind = _field(r["constraint"], "kind", str, "request.constraint.")
-        source = _field(r["constraint"], "source", str, "request.constraint.")
-        value = source
+        kind, value = r["constraint"]["kind"], r["constraint"]["source"]
         if kind == "choice":
             try:
-                value = json.loads(source)
+                value = json.loads(value)
             except ValueError:
                 raise InvalidRequest("receipt: request.constraint.source is not a JSON list of choices",
                                      "receipt") from None
         grammar = model.constraint(kind, value, "receipt.request.constraint")
     out = []
-    for c in _field(receipt, "choices", list, ""):
-        seed = c.get("seed") if isinstance(c, dict) else None
-        req = make_request(model.net.limits, prompt, n, SamplingParams(**params, seed=seed), eos=eos, stop=stops,
-                           constraint=grammar)
+    for c in receipt["choices"]:
+        req = make_request(model.net.limits, r["prompt_ids"], r["max_new_tokens"],
+                           SamplingParams(**params, seed=c["seed"]), eos=r["eos"], stop=r["stop"], constraint=grammar)
         (seq,), _ = run_batch(model.net, [req], None, None)
         ids, finish = list(seq.generated), seq.finish_reason
         if req.stop and model.tokenizer is not None:
             n, hit = tokens_through_stop(model.tokenizer, ids, list(req.stop))
             ids, finish = ids[:n], "stop" if hit else finish
-        out.append((ids, finish))
+        out.append((ids, finish, seq.error if finish == "error" else None))
     return out
 
 
 def verify(model: Any, receipt: dict) -> Verdict:
-    """Replay `receipt` on `model` and compare: the model's identity, the numerics version, each
-    choice's sha256 against its ids, and the replayed tokens and finish reasons."""
-    if not isinstance(receipt, dict) or receipt.get("receipt") != FORMAT:
-        raise InvalidRequest(f"receipt: not an exactspec receipt (expected \"receipt\": {FORMAT!r})", "receipt")
+    """Check the receipt's form, then replay it on `model` and compare: the model's identity, the
+    numerics version, each choice's sha256 against its ids, and the replayed tokens and finish reasons.
+    A receipt that cannot be replayed on this model (another vocabulary) raises InvalidRequest saying
+    the model differences first."""
+    check(receipt)
     problems = []
-    want = _field(receipt, "model", dict, "")
-    have = model_facts(model)
+    want, have = receipt["model"], model_facts(model)
     for key in ("sha256", "tokenizer_sha256", "weights", "activations", "kv_dtype"):
         if want.get(key) != have[key]:
             problems.append(f"model {key}: the receipt's {want.get(key)!r}, this model's {have[key]!r}")
-    if receipt.get("numerics") != NUMERICS_VERSION and receipt.get("numerics") not in COMPATIBLE:
-        problems.append(f"numerics version: the receipt's {receipt.get('numerics')!r}, this exactspec's "
+    if receipt["numerics"] != NUMERICS_VERSION and receipt["numerics"] not in COMPATIBLE:
+        problems.append(f"numerics version: the receipt's {receipt['numerics']!r}, this exactspec's "
                         f"{NUMERICS_VERSION} (a replay may differ where the kernels' arithmetic changed)")
+    try:
+        replayed = replay(model, receipt)
+    except InvalidRequest as e:
+        if not problems:
+            raise
+        raise InvalidRequest(f"receipt: {'; '.join(problems)}; so the replay cannot run on this model: {e}",
+                             "receipt") from None
     firsts: list[int | None] = []
-    for i, (c, (ids, finish)) in enumerate(zip(receipt["choices"], replay(model, receipt))):
-        got = _field(c, "token_ids", list, f"choices[{i}].")
-        if c.get("sha256") != ids_sha256(got):
+    for i, (c, (ids, finish, error)) in enumerate(zip(receipt["choices"], replayed)):
+        got = c["token_ids"]
+        if c["sha256"] != ids_sha256(got):
             problems.append(f"choice {i}: its sha256 does not match its token_ids (the receipt was altered)")
         first = next((j for j, (a, b) in enumerate(zip(got, ids)) if a != b), None)
         if first is None and len(got) != len(ids):
             first = min(len(got), len(ids))
         firsts.append(first)
-        if first is not None:
+        if error is not None:
+            problems.append(f"choice {i}: the replay failed after {len(ids)} tokens ({type(error).__name__}: {error})")
+        elif first is not None:
             problems.append(f"choice {i}: the replay differs at output position {first} (receipt "
                             f"{got[first] if first < len(got) else 'ends'}, replay "
                             f"{ids[first] if first < len(ids) else 'ends'})")
-        elif c.get("finish_reason") != finish:
-            problems.append(f"choice {i}: finish reason {c.get('finish_reason')!r}, the replay's {finish!r}")
+        elif c["finish_reason"] != finish:
+            problems.append(f"choice {i}: finish reason {c['finish_reason']!r}, the replay's {finish!r}")
     return Verdict(not problems, problems, firsts)

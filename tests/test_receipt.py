@@ -2,11 +2,13 @@
 position altered; the numerics version follows the kernels' golden record."""
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Literal, Optional
 
 import pydantic
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import exactspec
 from exactspec import receipt
@@ -128,3 +130,103 @@ def test_the_cli_writes_and_verifies_receipts(ckpt, tmp_path, capsys):
     out.write_text("{not json")
     assert main(["verify", str(out), "--model", str(folder)]) == 2
     assert "not a readable receipt" in capsys.readouterr().err
+
+
+def _deep(n: int) -> str:
+    return "[" * n + "]" * n
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda r: r.pop("choices"), "has no 'choices'"),
+    (lambda r: r.update(choices=[]), "choices is []: must be a non-empty list"),
+    (lambda r: r["choices"][0].update(token_ids=["a"]), "choices[0].token_ids[0] is 'a'"),
+    (lambda r: r["choices"][0].update(token_ids=[[1, 2]]), "choices[0].token_ids[0] is [1, 2]"),
+    (lambda r: r["choices"][0].update(token_ids=[None, 1]), "choices[0].token_ids[0] is None"),
+    (lambda r: r["choices"][0].update(token_ids=[5.0]), "choices[0].token_ids[0] is 5.0"),
+    (lambda r: r["model"]["load"].update(kv_dtype=["a"]), "model.load.kv_dtype is ['a']"),
+    (lambda r: r["model"].update(kv_dtype=["a"]), "model.kv_dtype is ['a']"),
+    (lambda r: r["request"].update(stop=[""]), "request.stop is ['']"),
+    (lambda r: r["request"].update(eos=[10 ** 40]), "request.eos[0] is 1000000000000000000000000000000000000000"),
+    (lambda r: r["request"].update(top_k=10 ** 30), "request.top_k is 1000000000000000000000000000000"),
+    (lambda r: r["request"].update(temperature=True), "request.temperature is True"),
+    (lambda r: r["request"].update(constraint={"kind": "yaml", "source": "x"}), "request.constraint.kind is 'yaml'"),
+    (lambda r: r["choices"][0].update(finish_reason=7), "choices[0].finish_reason is 7"),
+    (lambda r: r.update(request=[]), "request is []: must be an object"),
+])
+def test_a_malformed_receipt_is_one_named_line_and_exit_2(ckpt, model, tmp_path, capsys, edit, needle):
+    rec = json.loads(json.dumps(model.generate([5, 6, 7], 6, ignore_eos=True).receipt()))
+    edit(rec)
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps(rec))
+    assert main(["verify", str(f), "--model", str(ckpt("llama"))]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1, err
+    with pytest.raises(exactspec.InvalidRequest, match=re.escape(needle)):
+        receipt.verify(model, rec)
+
+
+def test_a_receipt_nested_too_deeply_is_exit_2(ckpt, tmp_path, capsys):
+    f = tmp_path / "r.json"
+    f.write_text('{"receipt": ' + _deep(100000) + "}")
+    assert main(["verify", str(f), "--model", str(ckpt("llama"))]) == 2
+    assert "not a readable receipt" in capsys.readouterr().err
+
+
+def test_another_models_receipt_says_the_model_differs_before_the_replay_error(model):
+    rec = json.loads(json.dumps(model.generate([5, 6, 7], 6, ignore_eos=True).receipt()))
+    rec["model"]["sha256"] = "0" * 64  # made on a model with a larger vocabulary
+    rec["request"]["prompt_ids"][1] = model.cfg.vocab_size + 100
+    with pytest.raises(exactspec.InvalidRequest) as e:
+        receipt.verify(model, rec)
+    msg = str(e.value)
+    assert msg.index("model sha256") < msg.index("outside the vocabulary"), msg
+
+
+def test_a_replay_that_fails_says_its_error(model, monkeypatch):
+    from exactspec.decode import constraint as C
+    from exactspec.errors import ConstraintError
+    rec = json.loads(json.dumps(model.generate([5, 6, 7], 8, regex="[a-z ]+", num_draft_tokens=0).receipt()))
+    real, calls = C.Matcher.mask, {"n": 0}
+
+    def dead_end(self):
+        calls["n"] += 1
+        if calls["n"] == 5:  # the probe's mask, then the replay's 4th
+            raise ConstraintError("regex: the matcher cannot follow the constraint (test)", "regex")
+        return real(self)
+    monkeypatch.setattr(C.Matcher, "mask", dead_end)
+    v = receipt.verify(model, rec)
+    assert not v.identical and any("the replay failed after 3 tokens (ConstraintError: regex: the matcher" in p
+                                   for p in v.problems), v.problems
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=5),
+                     lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=5), kids, max_size=3),
+                     max_leaves=8)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from([("receipt",), ("numerics",), ("model",), ("model", "sha256"), ("model", "load"),
+                             ("request",), ("request", "prompt_ids"), ("request", "max_new_tokens"),
+                             ("request", "top_p"), ("request", "eos"), ("request", "stop"), ("request", "constraint"),
+                             ("choices",), ("choices", 0), ("choices", 0, "seed"), ("choices", 0, "token_ids")]),
+       value=_JSON)
+def test_fuzzed_receipts_verify_or_are_named(model, path, value):
+    """Any value anywhere: a Verdict or an InvalidRequest naming the receipt, never another exception."""
+    rec = json.loads(json.dumps(_SMALL[0]))
+    at = rec
+    for k in path[:-1]:
+        at = at[k]
+    at[path[-1]] = value
+    try:
+        receipt.verify(model, rec)
+    except exactspec.InvalidRequest as e:
+        assert e.field in ("receipt", "receipt.request.constraint", "prompt", "eos", "max_new_tokens") or \
+            str(e).startswith("receipt"), e
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _small(model):
+    _SMALL[:] = [model.generate([5, 6, 7], 4, ignore_eos=True).receipt()]
+
+
+_SMALL: list = []
