@@ -4,8 +4,13 @@ activations (actquant.py): `tile.run_tile(mr, (q, d, s), m0, w, b, t)`.
 Per group of 32 k's (Q6_K: per 16), each output's sum of u * q (unsigned weight quants times int8
 activations, less the zero point times the activations' sum) is an integer sum: exact in int32
 (|sum| <= 32 * 255 * 128 < 2^20), so any instruction and order gives the same
-value: AVX512-VNNI `vpdpbusd` (4 products per 32-bit lane, no saturation) where the target has it,
-else widening multiplies and adds. Then the group's float combine (actquant.py's docstring), the
+value. By the target (cpu.py): AVX512-VNNI `vpdpbusd` (4 products per 32-bit lane, no saturation); AVX-VNNI
+the same instruction on 256-bit halves; AVX2 `vpmaddubsw` (unsigned x signed bytes, adjacent pairs summed
+in int16 with saturation) then `vpmaddwd` by ones (pairs of those in int32): no pair saturates, since the
+activations are in [-127, 127] and the 4-, 5- and 6-bit quants at most 63 (2 * 63 * 127 = 16002 < 32767),
+while 8-bit weights (u = w + 128) go as |w| <= 128 against the activations with w's sign (`vpsignb`;
+2 * 128 * 127 = 32512), their sum then sum w*q = sum u*q - 128 s itself; elsewhere widening multiplies and
+adds. Then the group's float combine (actquant.py's docstring), the
 same fixed sequence of operations for every row count, tile height, thread count and CPU. A tile has
 at most cpu.MR_INT rows: each row holds its float and its integer accumulators in registers.
 """
@@ -14,7 +19,7 @@ from __future__ import annotations
 from llvmlite import ir
 from numba.core import cgutils
 
-from .cpu import VNNI
+from .cpu import AVX2, AVXVNNI, VNNI
 from .layout import LAYOUTS, NL
 from .quant import QK
 from .ftile import V, FTile
@@ -36,20 +41,52 @@ class ITile(FTile):
         self.sbase = builder.gep(sa.data, [builder.mul(m0v, self.ss)])  # i32*: row m0, group 0
         self.vi = ir.VectorType(self.i32, V)
         self.vb = ir.VectorType(self.i8, 4 * V)
+        self.signed8 = AVX2 and not (VNNI or AVXVNNI) and LAYOUTS[fmt].qbits == 8  # sum w*q, not sum u*q
+        m = builder.module
         if VNNI:
-            self.dp = cgutils.get_or_insert_function(builder.module, ir.FunctionType(self.vi, [self.vi] * 3),
+            self.dp = cgutils.get_or_insert_function(m, ir.FunctionType(self.vi, [self.vi] * 3),
                                                      "llvm.x86.avx512.vpdpbusd.512")
+        elif AVXVNNI or AVX2:
+            v8, b32, w16 = ir.VectorType(self.i32, 8), ir.VectorType(self.i8, 32), ir.VectorType(self.i16, 16)
+            if AVXVNNI:
+                self.dp = cgutils.get_or_insert_function(m, ir.FunctionType(v8, [v8] * 3), "llvm.x86.avx512.vpdpbusd.256")
+            else:
+                self.maddubs = cgutils.get_or_insert_function(m, ir.FunctionType(w16, [b32, b32]),
+                                                              "llvm.x86.avx2.pmadd.ub.sw")
+                self.maddwd = cgutils.get_or_insert_function(m, ir.FunctionType(v8, [w16, w16]), "llvm.x86.avx2.pmadd.wd")
+                self.psign = cgutils.get_or_insert_function(m, ir.FunctionType(b32, [b32, b32]), "llvm.x86.avx2.psign.b")
+                self.pabs = cgutils.get_or_insert_function(m, ir.FunctionType(b32, [b32, ir.IntType(1)]), "llvm.abs.v32i8")
 
     def bcast(self, v, vty):
         b = self.b
         e = b.insert_element(ir.Constant(vty, ir.Undefined), v, ir.Constant(self.i32, 0))
         return b.shuffle_vector(e, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(self.i32, V), [0] * V))
 
+    def split(self, v, n: int) -> list:
+        """A vector's two halves (n lanes each)."""
+        return [self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(self.i32, n), list(range(h * n, h * n + n))))
+                for h in range(2)]
+
     def dot(self, acc, u, s):
-        """acc[l] + sum_{i<4} u[4l + i] * s[4l + i]: u unsigned, s signed bytes (<64 x i8> or <16 x i32>)."""
+        """acc[l] + sum_{i<4} u[4l + i] * s[4l + i]: u unsigned, s signed bytes (<64 x i8> or <16 x i32>).
+        With `signed8` (AVX2, 8-bit quants): sum_i (u - 128) * s, the same sum less 128 * sum s."""
         b = self.b
         if VNNI:
             return b.call(self.dp, [acc, b.bitcast(u, self.vi), b.bitcast(s, self.vi)])
+        if AVXVNNI or AVX2:
+            v8 = ir.VectorType(self.i32, 8)
+            out = []
+            for a, x, y in zip(self.split(acc, 8), self.split(b.bitcast(u, self.vb), 32),
+                               self.split(b.bitcast(s, self.vb), 32)):
+                if AVXVNNI:
+                    out.append(b.call(self.dp, [a, b.bitcast(x, v8), b.bitcast(y, v8)]))
+                    continue
+                if self.signed8:  # w = u - 128 as a signed byte: |w| (as unsigned) against s with w's sign
+                    w = b.xor(x, ir.Constant(x.type, [0x80] * 32))
+                    x, y = b.call(self.pabs, [w, ir.Constant(ir.IntType(1), 0)]), b.call(self.psign, [y, w])
+                ones = ir.Constant(ir.VectorType(self.i16, 16), [1] * 16)
+                out.append(b.add(a, b.call(self.maddwd, [b.call(self.maddubs, [x, y]), ones])))
+            return b.shuffle_vector(out[0], out[1], ir.Constant(ir.VectorType(self.i32, 16), list(range(16))))
         i16, i32 = ir.VectorType(self.i16, 4 * V), ir.VectorType(self.i32, 2 * V)
         p = b.mul(b.zext(b.bitcast(u, self.vb), i16), b.sext(b.bitcast(s, self.vb), i16))  # |u * s| <= 255 * 128
 
@@ -114,7 +151,7 @@ class ITile(FTile):
                 return [b.uitofp(self.vec(b.gep(gb, [self.c64(off + V * v)]), self.i8, 1), vf) for v in range(NL // V)]
             dw = [b.fmul(d, s) for d, s in zip(dw, bytes_(F.sc_at))]
             mins = [b.fneg(b.fmul(d, m)) for d, m in zip(mins, bytes_(F.mn_at))]
-        offset = F.zero
+        offset = 0 if self.signed8 else F.zero
         acc = list(acc)
         for r in range(self.mr):
             dx = b.load(b.gep(self.dbase, [b.add(b.mul(self.c64(r), self.sd), g)]))

@@ -20,7 +20,9 @@ from tests.kernels import golden
 pytestmark = pytest.mark.slow  # compiles the kernels for 3 CPU targets (minutes)
 
 HERE = Path(__file__).parent
-TARGETS = ["generic", "haswell"] + (["skylake-avx512"] if "+avx512f" in llb.get_host_cpu_features().flatten() else [])
+_HOST = llb.get_host_cpu_features().flatten()
+TARGETS = ["generic", "haswell"] + (["skylake-avx512"] if "+avx512f" in _HOST else []) + (
+    ["alderlake"] if "+avxvnni" in _HOST else [])  # AVX-VNNI: run where the host has it, else compiled below
 
 
 
@@ -64,12 +66,55 @@ def test_other_compile_targets_give_the_same_bits(here_record, other_targets, ta
 
 
 def test_the_tile_height_follows_the_target():
-    """Teeth for the test above: the targets really compile different tile shapes."""
-    code = "from exactspec.kernels import cpu; print(cpu.MR_MAX, cpu.MR_INT, cpu.VNNI)"
+    """Teeth for the test above: the targets really compile different tile shapes and instructions."""
+    code = "from exactspec.kernels import cpu; print(cpu.MR_MAX, cpu.MR_INT, cpu.MR_INT8, cpu.VNNI, cpu.AVXVNNI, cpu.AVX2)"
     heights = {}
-    for target in ("haswell", "skylake-avx512", "icelake-server"):
+    for target in ("generic", "haswell", "alderlake", "skylake-avx512", "icelake-server"):
         env = dict(os.environ, NUMBA_CPU_NAME=target)
         heights[target] = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                          check=True).stdout.strip()
     # icelake-server (VNNI) is only named, never run here: the golden record covers it where the host has VNNI
-    assert heights == {"haswell": "3 2 False", "skylake-avx512": "10 6 False", "icelake-server": "10 6 True"}
+    assert heights == {"generic": "3 2 2 False False False", "haswell": "3 2 1 False False True",
+                       "alderlake": "3 2 2 False True True", "skylake-avx512": "10 6 6 False False True",
+                       "icelake-server": "10 6 6 True False True"}
+
+
+_INT_DOT_ASM = """
+import re, sys, numpy as np, numba
+from numba import types
+from exactspec import kernels as K
+from exactspec.kernels import quant
+from exactspec.kernels.actquant import quantize_rows
+L = sys.modules["exactspec.kernels.linear"]
+out = {}
+for fmt in ("q4_0", "q8_0", "q6_k"):
+    n, k = (32, 256)
+    if fmt == "q6_k":
+        from exactspec.tools.testing import K_QUANT_BLOCKS
+        w = quant.from_blocks(K_QUANT_BLOCKS[fmt](n, k, seed=0), fmt, n, k)
+    else:
+        w = quant.quantize(np.random.default_rng(0).standard_normal((n, k)).astype(np.float32), fmt)
+    p = K.pack_quant(w, int_dot=True)
+    sig = (numba.typeof(quantize_rows(np.ones((2, k), np.float32))), numba.typeof(p.data),
+           types.Array(types.float32, 1, "C"), types.Array(types.float32, 2, "A"), types.int64, types.int64)
+    L.linear_block.compile(sig)  # compiled, never run: the host may lack the target's instructions
+    asm = L.linear_block.inspect_asm(sig)
+    out[fmt] = sorted({" ".join(m.split()) for m in re.findall(r"\\b(vpdpbusd\\s+%[yz]mm(?=\\d)|vpmaddubsw\\b|vpmaddwd\\b|vpsignb\\b|vpmullw\\b)",
+                                                         asm)})
+print(out)
+"""
+
+
+@pytest.mark.parametrize("target,want", [
+    ("haswell", {"q4_0": ["vpmaddubsw", "vpmaddwd"], "q8_0": ["vpmaddubsw", "vpmaddwd", "vpsignb"],
+                 "q6_k": ["vpmaddubsw", "vpmaddwd"]}),
+    ("alderlake", {f: ["vpdpbusd %ymm"] for f in ("q4_0", "q8_0", "q6_k")}),
+    ("icelake-server", {f: ["vpdpbusd %zmm"] for f in ("q4_0", "q8_0", "q6_k")})])
+def test_each_target_compiles_its_integer_dot_instruction(tmp_path, target, want):
+    """The integer-dot tile's instruction per instruction set, read in the generated assembly: AVX2
+    `vpmaddubsw` + `vpmaddwd` (8-bit weights with `vpsignb`), AVX-VNNI's 256-bit `vpdpbusd`, AVX512-VNNI's
+    512-bit one; no widening multiplies (`vpmullw`). (Its bits: the golden record, where it runs.)"""
+    env = dict(os.environ, NUMBA_CPU_NAME=target, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    r = subprocess.run([sys.executable, "-c", _INT_DOT_ASM], env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert eval(r.stdout.strip().splitlines()[-1]) == want
