@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     g.add_argument("--receipt", default=None, metavar="FILE", help="write the answer's receipt (JSON) to FILE: "
                    "`exactspec verify FILE --model M` replays it")
+    i = sub.add_parser("info", help="the CPU, the instruction-set path each kernel family takes, threads, the numba "
+                       "target and cache, NUMERICS_VERSION (what a bug report needs); with --model, its verify costs")
+    i.add_argument("--model", default=None, help="also measure this model's forward(k+1 rows)/forward(1 row), k = 1..8")
+    i.add_argument("--threads", type=int, default=None, help="kernel threads")
     r = sub.add_parser("verify", help="replay a receipt by plain decoding: identical, or the first differing position")
     r.add_argument("receipt", help="a receipt file (JSON), from generate --receipt or the server's \"receipt\": true")
     r.add_argument("--model", required=True, help="the model the receipt names: HF checkpoint folder, .gguf, hub id")
@@ -335,11 +339,41 @@ def cmd_verify(a: argparse.Namespace) -> int:
     return 0 if v.identical else 1
 
 
+def info(model: str | None = None) -> dict:
+    """`exactspec info`'s facts (kernels/cpu.py's describe(), threads, the numba cache, the numerics version;
+    with a model, its measured verify costs)."""
+    import numba
+
+    from .kernels import cpu
+    from .kernels.threads import get_num_threads
+    from .receipt import NUMERICS_VERSION
+    out = {**cpu.describe(), "threads": get_num_threads(),
+           "numba": numba.__version__, "numba_cache_dir": numba.config.CACHE_DIR or "(next to the sources)",
+           "numerics_version": NUMERICS_VERSION}
+    if model is not None:
+        from . import load
+        from .decode.cost import verify_costs
+        m = load(model)
+        c = verify_costs(m.net)
+        out["model"] = str(model)
+        out["weights"] = f"{m.net.dtype} weights, {m.net.activations} activations"
+        out["forward_k_rows_over_1"] = {str(k + 1): round(float(c[k] / c[0]), 2) for k in range(1, min(9, len(c)))}
+    return out
+
+
+def cmd_info(a: argparse.Namespace) -> int:
+    from . import set_num_threads
+    if a.threads is not None:
+        set_num_threads(a.threads)
+    print(json.dumps(info(a.model), indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         return {"generate": cmd_generate, "serve": cmd_serve, "demo": cmd_demo, "distill": cmd_distill,
-                "diff": cmd_diff, "verify": cmd_verify}[a.cmd](a)
+                "diff": cmd_diff, "verify": cmd_verify, "info": cmd_info}[a.cmd](a)
     except ExactSpecError as e:
         print(f"exactspec: error: {e}", file=sys.stderr)
         return 2

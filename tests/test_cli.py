@@ -78,3 +78,24 @@ def test_distill_head_then_generate_with_it(ckpt, tmp_path):
     assert bad.returncode == 2 and "no prompts" in bad.stderr
     other = run_cli("generate", "--model", str(ckpt("qwen2")), "--prompt", "x", "--draft", f"head:{out}")
     assert other.returncode == 2 and "trained for another model" in other.stderr
+
+
+def test_info_names_the_kernel_path_and_measures_verify_costs(ckpt, capsys):
+    import os
+    import subprocess
+    import sys
+
+    from exactspec.cli import main
+    from exactspec.receipt import NUMERICS_VERSION
+    assert main(["info", "--model", str(ckpt("llama"))]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["numerics_version"] == NUMERICS_VERSION and d["threads"] >= 1 and d["cpu"]
+    assert list(d["forward_k_rows_over_1"]) == [str(k) for k in range(2, 10)]
+    assert all(v >= 1.0 for v in d["forward_k_rows_over_1"].values())
+    code = "from exactspec.cli import info; import json; print(json.dumps(info()))"
+    for target, path in (("haswell", "AVX2 vpmaddubsw + vpmaddwd"), ("alderlake", "AVX-VNNI vpdpbusd (256-bit)"),
+                         ("generic", "widening multiplies (no AVX2)")):
+        r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, NUMBA_CPU_NAME=target),
+                           capture_output=True, text=True, check=True)
+        d = json.loads(r.stdout.strip().splitlines()[-1])
+        assert (d["numba_target"], d["integer_dot"]) == (target, path)

@@ -44,3 +44,31 @@ F16C = _target_has(("+f16c",), ("ivybridge", "haswell", "broadwell", "skylake", 
 # level on Zen 4, a 1536 x 768 Q8_0 weight, 64 rows 1.41 -> 0.95 ms; the 4-6-bit formats fastest at 2.
 MR_INT = 6 if _WIDE else 2
 MR_INT8 = 1 if AVX2 and not (VNNI or AVXVNNI or _WIDE) else MR_INT
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(("model name", "Model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
+def describe() -> dict:
+    """What a bug report needs of the kernels' build: the CPU, the numba target compiled for, and the
+    path each kernel family takes on it (speed only: every path gives the same bits)."""
+    host = set(llb.get_host_cpu_features().flatten().split(","))
+    int_dot = ("AVX512-VNNI vpdpbusd (512-bit)" if VNNI else "AVX-VNNI vpdpbusd (256-bit)" if AVXVNNI else
+               "AVX2 vpmaddubsw + vpmaddwd" if AVX2 else "widening multiplies (no AVX2)")
+    return {"cpu": _cpu_model(), "host_cpu_name": llb.get_host_cpu_name(),
+            "host_features": sorted(f[1:] for f in host if f[1:] in (
+                "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni", "avxvnni", "avx512bf16", "amx-int8")
+                and f.startswith("+")),
+            "numba_target": config.CPU_NAME or "host", "numba_features": config.CPU_FEATURES or None,
+            "integer_dot": int_dot, "float_tile": f"{'32' if _WIDE else '16'} vector registers, {MR_MAX}-row tiles",
+            "integer_dot_tile_rows": {"4-6-bit": MR_INT, "8-bit": MR_INT8},
+            "float16_scales": "F16C vcvtph2ps" if F16C else "integer ops"}

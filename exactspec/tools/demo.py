@@ -77,11 +77,18 @@ def run_smollm2(path: Path, max_new_tokens: int, k: int | str, dtype: str, repet
         methods.append(("draft model", load(draft_dir, dtype=_folder_dtype(dtype), max_context=1024)))
     weights = f"{target.net.dtype} weights, {target.net.activations} activations"
     out.write(f"SmolLM2-135M-Instruct ({path.name}, {weights}); drafters: "
-              f"{', '.join(n for n, d in methods if d is not None)}\n")
+              f"{', '.join(n for n, d in methods if d is not None)}\n{_kernel_path()}\n")
     prompts = [(what, chat.render(target.tokenizer.config, [{"role": "user", "content": msg}]), msg)
                for what, msg in CHAT_PROMPTS]
     return _compare(target, prompts, methods, max_new_tokens, k, repetition_penalty, out,
                     f"greedy, k={k}, {weights}, {len(prompts)} chats x up to {max_new_tokens} new tokens")
+
+
+def _kernel_path() -> str:
+    """The demo's header line on the kernels: the CPU and the path it runs (`exactspec info` has more)."""
+    from ..kernels import cpu
+    d = cpu.describe()
+    return f"kernels: {d['cpu']}, numba target {d['numba_target']}; integer dots: {d['integer_dot']}"
 
 
 def run_toy(folder: Path, max_new_tokens: int, k: int | str, dtype: str, repetition_penalty: float,
