@@ -4,6 +4,9 @@ quantized by both), side by side in one run, 2 threads each.
     python bench/compare_llamacpp.py --llama-bench PATH [--tokens 64] [--repeat 3] [--gguf FILE] \
         [--qtype BF16 Q8_0 Q4_0 Q4_1 FILE] [--activations int8 float32] [--shape 0.5b|7b|llama3-1b|qwen3moe]
 
+The AVX2 level on any x86 machine: ours with NUMBA_CPU_NAME=haswell (the header line names the path it ran),
+llama-bench built with -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF.
+
 The peer is llama.cpp's own `llama-bench` binary (--llama-bench; build it from the llama-cpp-python
 sdist's vendor/llama.cpp, see bench/README or the closing notes: `pip download llama-cpp-python==0.3.36
 --no-deps --no-binary :all:`, untar, `cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF
@@ -402,6 +405,9 @@ def main() -> None:
     med = {key: {k: statistics.median(r[k] for r in rs) for k in ("pp", "tg")} for key, rs in runs.items()}
     peer = "llama-bench" if a.llama_bench else "llama-cpp-python"
     print(f"{what}; {a.threads} threads; 64-token prompt, {a.tokens} greedy tokens; median of {a.repeat}; peer: {peer}")
+    from exactspec.kernels import cpu  # the level ours ran at (NUMBA_CPU_NAME=haswell: the AVX2 path on any machine)
+    d = cpu.describe()
+    print(f"ours: {d['cpu']}, numba target {d['numba_target']}, integer dots {d['integer_dot']}")
     rows = []
     for q, act in ours:
         o, ll = med[(q, act)], med[(q, "llamacpp")]
