@@ -84,7 +84,6 @@ import re, sys, numpy as np, numba
 from numba import types
 from exactspec import kernels as K
 from exactspec.kernels import quant
-from exactspec.kernels.actquant import quantize_rows
 L = sys.modules["exactspec.kernels.linear"]
 out = {}
 for fmt in ("q4_0", "q8_0", "q6_k"):
@@ -95,9 +94,10 @@ for fmt in ("q4_0", "q8_0", "q6_k"):
     else:
         w = quant.quantize(np.random.default_rng(0).standard_normal((n, k)).astype(np.float32), fmt)
     p = K.pack_quant(w, int_dot=True)
-    sig = (numba.typeof(quantize_rows(np.ones((2, k), np.float32))), numba.typeof(p.data),
-           types.Array(types.float32, 1, "C"), types.Array(types.float32, 2, "A"), types.int64, types.int64)
-    L.linear_block.compile(sig)  # compiled, never run: the host may lack the target's instructions
+    acts = types.Tuple([types.Array(t, 2, "A") for t in (types.int8, types.float32, types.int32)])  # (q, d, s)
+    sig = (acts, numba.typeof(p.data), types.Array(types.float32, 1, "C"), types.Array(types.float32, 2, "A"),
+           types.int64, types.int64)
+    L.linear_block.compile(sig)  # compiled, never run (nothing compiled for the target runs: the host may lack it)
     asm = L.linear_block.inspect_asm(sig)
     out[fmt] = sorted({" ".join(m.split()) for m in re.findall(r"\\b(vpdpbusd\\s+%[yz]mm(?=\\d)|vpmaddubsw\\b|vpmaddwd\\b|vpsignb\\b|vpmullw\\b)",
                                                          asm)})
