@@ -121,21 +121,25 @@ class Model:
         prompt itself: score(prompt[:1], prompt[1:])."""
         return self.score_batch([(prompt, continuation)], top)[0]
 
-    def score_steps(self, prompt: str | Sequence[int], continuation: str | Sequence[int], top: int = 0,
-                    chunk: int = 64) -> Iterator[list[TokenLogprob]]:
-        """score() in forwards of at most `chunk` rows, one list of TokenLogprobs per forward, so a
-        server can run other requests' steps between them (a long echo costs others one chunk's wait).
-        The same floats as score(): a position's logits are a function of its prefix alone."""
+    def _scored(self, prompt: str | Sequence[int], continuation: str | Sequence[int]) -> tuple[list[int], int]:
+        """A scored pair as (prompt + continuation token ids, checked against the limits; the prompt's length)."""
         p = list(self.encode(prompt))
         c = list(self.encode(continuation) if not isinstance(continuation, str) or not continuation
                  else self.encode_text(continuation))
         if not p:
             raise InvalidRequest("prompt is empty: the first token has no logprob", "prompt")
-        ids = check_prompt(p + c, self.net.limits, "prompt + continuation")
-        if not c:
+        return check_prompt(p + c, self.net.limits, "prompt + continuation"), len(p)
+
+    def score_steps(self, prompt: str | Sequence[int], continuation: str | Sequence[int], top: int = 0,
+                    chunk: int = 64) -> Iterator[list[TokenLogprob]]:
+        """score() in forwards of at most `chunk` rows, one list of TokenLogprobs per forward, so a
+        server can run other requests' steps between them (a long echo costs others one chunk's wait).
+        The same floats as score(): a position's logits are a function of its prefix alone."""
+        ids, n = self._scored(prompt, continuation)
+        if n == len(ids):
             return
         cache = self.net.new_cache(1, len(ids))
-        first = len(p) - 1  # the row that predicts the continuation's first token
+        first = n - 1  # the row that predicts the continuation's first token
         for s in range(0, len(ids) - 1, chunk):
             e = min(s + chunk, len(ids) - 1)
             rows = Rows()
@@ -148,14 +152,10 @@ class Model:
         """score() of many (prompt, continuation) pairs, all in one forward."""
         rows, seqs = Rows(), []
         for i, (p, c) in enumerate(pairs):
-            p = list(self.encode(p))
-            c = list(self.encode(c) if not isinstance(c, str) or not c else self.encode_text(c))
-            if not p:
-                raise InvalidRequest("prompt is empty: the first token has no logprob", "prompt")
-            ids = check_prompt(p + c, self.net.limits, "prompt + continuation")
-            if c:  # the rows that predict the continuation: positions len(p)-1 .. len(ids)-2
-                rows.add(i, ids[:-1], 0, logits_from=len(p) - 1)
-            seqs.append((ids, len(p)))
+            ids, n = self._scored(p, c)
+            if n < len(ids):  # the rows that predict the continuation: positions n-1 .. len(ids)-2
+                rows.add(i, ids[:-1], 0, logits_from=n - 1)
+            seqs.append((ids, n))
         if not rows.out:
             return [[] for _ in seqs]
         logits = rows.forward(self.net, self.net.new_cache(len(seqs), max(len(ids) for ids, _ in seqs)))

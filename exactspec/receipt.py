@@ -240,6 +240,11 @@ def replay(model: Any, receipt: dict) -> list[tuple[list[int], str, Exception | 
     """Each choice's (token ids, finish reason, the error that ended it or None) by plain decoding of
     the receipt's request on `model`. The receipt is checked first (`check`)."""
     check(receipt)
+    return _replay(model, receipt)
+
+
+def _replay(model: Any, receipt: dict) -> list[tuple[list[int], str, Exception | None]]:
+    """replay() of a receipt already checked."""
     r = receipt["request"]
     params = {k: r[k] for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")}
     grammar = None
@@ -280,7 +285,7 @@ def verify(model: Any, receipt: dict) -> Verdict:
         problems.append(f"numerics version: the receipt's {receipt['numerics']!r}, this exactspec's "
                         f"{NUMERICS_VERSION} (a replay may differ where the kernels' arithmetic changed)")
     try:
-        replayed = replay(model, receipt)
+        replayed = _replay(model, receipt)
     except InvalidRequest as e:
         if not problems:
             raise

@@ -82,7 +82,7 @@ def make_grammar(vocab: Vocab, kind: str, value: Any, name: str | None = None) -
     (default: the kind): json_schema a dict, JSON text or pydantic model class; grammar Lark text (or
     GBNF, told by its '::='); regex a string; choice a list of strings."""
     name = name or kind
-    _size(value if not isinstance(value, type) else None, name)
+    _size(value, name)
     try:
         return _make(vocab, kind, value, name)
     except InvalidRequest:
@@ -127,7 +127,8 @@ def _make(vocab: Vocab, kind: str, value: Any, name: str) -> Grammar:
 
 
 def _size(value: Any, name: str) -> None:
-    """Refuse a constraint whose text is over MAX_SOURCE characters, before any compile."""
+    """Refuse a constraint whose text is over MAX_SOURCE characters, before any compile (a pydantic class
+    is its own size check's business: not text)."""
     if isinstance(value, (str, list, tuple, dict)):
         n = len(value) if isinstance(value, str) else len(json.dumps(value, default=str))
         if n > MAX_SOURCE:

@@ -35,6 +35,8 @@ AVX2 = _target_has(("+avx2",), ("haswell", "broadwell", "skylake", "cascade", "c
                                 "rocket", "alder", "raptor", "meteor", "arrow", "lunar", "panther", "sapphire", "granite",
                                 "emerald", "diamond", "sierra", "grandridge", "clearwater", "znver", "x86-64-v3",
                                 "x86-64-v4"))
+# The integer-dot tile's AVX2 path (vpmaddubsw): AVX2 without either VNNI.
+MADDUBS = AVX2 and not (VNNI or AVXVNNI)
 # F16C: float16 scales widened by `vcvtph2ps` (exact: every float16 is a float32), else in integer ops.
 F16C = _target_has(("+f16c",), ("ivybridge", "haswell", "broadwell", "skylake", "cascade", "cooper", "cannon", "icelake",
                                 "tiger", "rocket", "alder", "raptor", "meteor", "sapphire", "granite", "emerald",
@@ -43,7 +45,7 @@ F16C = _target_has(("+f16c",), ("ivybridge", "haswell", "broadwell", "skylake", 
 # (no VNNI: |w| and w's sign applied to the row, more registers live) in 1-row tiles: measured at the haswell
 # level on Zen 4, a 1536 x 768 Q8_0 weight, 64 rows 1.41 -> 0.95 ms; the 4-6-bit formats fastest at 2.
 MR_INT = 6 if _WIDE else 2
-MR_INT8 = 1 if AVX2 and not (VNNI or AVXVNNI or _WIDE) else MR_INT
+MR_INT8 = 1 if MADDUBS and not _WIDE else MR_INT
 
 
 def _cpu_model() -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from llvmlite import ir
 from numba.core import cgutils
 
-from .cpu import AVX2, AVXVNNI, VNNI
+from .cpu import AVXVNNI, MADDUBS, VNNI
 from .layout import LAYOUTS, NL
 from .quant import QK
 from .ftile import V, FTile
@@ -44,24 +44,22 @@ class ITile(FTile):
         self.sbase = builder.gep(sa.data, [builder.mul(m0v, self.ss)])  # i32*: row m0, group 0
         self.vi = ir.VectorType(self.i32, V)
         self.vb = ir.VectorType(self.i8, 4 * V)
-        self.signed8 = AVX2 and not (VNNI or AVXVNNI) and LAYOUTS[fmt].qbits == 8  # sum w*q, not sum u*q
+        self.signed8 = MADDUBS and LAYOUTS[fmt].qbits == 8  # sum w*q, not sum u*q
         # AVX2: quads whose pair sums add up in int16 before one `vpmaddwd` (|sum| <= cap * 2 * umax * 127 < 2^15:
         # 4-bit 8 * 2 * 15 * 127 = 30480, 5-bit 4 * 2 * 31 * 127, 6-bit 2 * 2 * 63 * 127, 8-bit (|w| <= 128) 1)
-        self.cap = {4: 8, 5: 4, 6: 2, 8: 1}[LAYOUTS[fmt].qbits] if AVX2 and not (VNNI or AVXVNNI) else 0
+        self.cap = {4: 8, 5: 4, 6: 2, 8: 1}[LAYOUTS[fmt].qbits] if MADDUBS else 0
         m = builder.module
         if VNNI:
             self.dp = cgutils.get_or_insert_function(m, ir.FunctionType(self.vi, [self.vi] * 3),
                                                      "llvm.x86.avx512.vpdpbusd.512")
-        elif AVXVNNI or AVX2:
-            v8, b32, w16 = ir.VectorType(self.i32, 8), ir.VectorType(self.i8, 32), ir.VectorType(self.i16, 16)
-            if AVXVNNI:
-                self.dp = cgutils.get_or_insert_function(m, ir.FunctionType(v8, [v8] * 3), "llvm.x86.avx512.vpdpbusd.256")
-            else:
-                self.maddubs = cgutils.get_or_insert_function(m, ir.FunctionType(w16, [b32, b32]),
-                                                              "llvm.x86.avx2.pmadd.ub.sw")
-                self.maddwd = cgutils.get_or_insert_function(m, ir.FunctionType(v8, [w16, w16]), "llvm.x86.avx2.pmadd.wd")
-                self.psign = cgutils.get_or_insert_function(m, ir.FunctionType(b32, [b32, b32]), "llvm.x86.avx2.psign.b")
-                self.pabs = cgutils.get_or_insert_function(m, ir.FunctionType(b32, [b32, ir.IntType(1)]), "llvm.abs.v32i8")
+        v8, b32, w16 = ir.VectorType(self.i32, 8), ir.VectorType(self.i8, 32), ir.VectorType(self.i16, 16)
+        if AVXVNNI:
+            self.dp = cgutils.get_or_insert_function(m, ir.FunctionType(v8, [v8] * 3), "llvm.x86.avx512.vpdpbusd.256")
+        elif MADDUBS:
+            self.maddubs = cgutils.get_or_insert_function(m, ir.FunctionType(w16, [b32, b32]), "llvm.x86.avx2.pmadd.ub.sw")
+            self.maddwd = cgutils.get_or_insert_function(m, ir.FunctionType(v8, [w16, w16]), "llvm.x86.avx2.pmadd.wd")
+            self.psign = cgutils.get_or_insert_function(m, ir.FunctionType(b32, [b32, b32]), "llvm.x86.avx2.psign.b")
+            self.pabs = cgutils.get_or_insert_function(m, ir.FunctionType(b32, [b32, ir.IntType(1)]), "llvm.abs.v32i8")
 
     def bcast(self, v, vty):
         b = self.b
@@ -72,6 +70,10 @@ class ITile(FTile):
         """A vector's two halves (n lanes each)."""
         return [self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(self.i32, n), list(range(h * n, h * n + n))))
                 for h in range(2)]
+
+    def join(self, lo, hi):
+        """Two <8 x i32> halves as one <16 x i32>."""
+        return self.b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(self.i32, 16), list(range(16))))
 
     def madd16(self, u, s) -> list:
         """AVX2: the two 256-bit halves of a quad's pair sums, <16 x i16> each: u[2j] * s[2j] + u[2j+1] * s[2j+1]
@@ -89,8 +91,7 @@ class ITile(FTile):
         """acc[l] + the int16 sums p16 (two halves) of lane l's 4 k's, each pair added in int32 (`vpmaddwd`)."""
         b = self.b
         ones = ir.Constant(ir.VectorType(self.i16, 16), [1] * 16)
-        out = [b.add(a, b.call(self.maddwd, [p, ones])) for a, p in zip(self.split(acc, 8), p16)]
-        return b.shuffle_vector(out[0], out[1], ir.Constant(ir.VectorType(self.i32, 16), list(range(16))))
+        return self.join(*[b.add(a, b.call(self.maddwd, [p, ones])) for a, p in zip(self.split(acc, 8), p16)])
 
     def dot(self, acc, u, s):
         """acc[l] + sum_{i<4} u[4l + i] * s[4l + i]: u unsigned, s signed bytes (<64 x i8> or <16 x i32>).
@@ -100,10 +101,9 @@ class ITile(FTile):
             return b.call(self.dp, [acc, b.bitcast(u, self.vi), b.bitcast(s, self.vi)])
         if AVXVNNI:
             v8 = ir.VectorType(self.i32, 8)
-            out = [b.call(self.dp, [a, b.bitcast(x, v8), b.bitcast(y, v8)])
-                   for a, x, y in zip(self.split(acc, 8), self.split(b.bitcast(u, self.vb), 32),
-                                      self.split(b.bitcast(s, self.vb), 32))]
-            return b.shuffle_vector(out[0], out[1], ir.Constant(ir.VectorType(self.i32, 16), list(range(16))))
+            return self.join(*[b.call(self.dp, [a, b.bitcast(x, v8), b.bitcast(y, v8)])
+                               for a, x, y in zip(self.split(acc, 8), self.split(b.bitcast(u, self.vb), 32),
+                                                  self.split(b.bitcast(s, self.vb), 32))])
         i16, i32 = ir.VectorType(self.i16, 4 * V), ir.VectorType(self.i32, 2 * V)
         p = b.mul(b.zext(b.bitcast(u, self.vb), i16), b.sext(b.bitcast(s, self.vb), i16))  # |u * s| <= 255 * 128
 

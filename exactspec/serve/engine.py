@@ -159,15 +159,13 @@ class Engine:
         if reason == "cancelled":
             self.stats.cancelled += 1
             self.stats.cancelled_tokens += st.new_tokens if st is not None else 0
-        err = None
-        if isinstance(error, ConstraintError):  # the caller's constraint, named: said as it is (a 400)
+        err = error  # a ConstraintError names the caller's constraint: said as it is (a 400)
+        if error is not None:
             self.stats.failed += 1
-            err = error
-        elif error is not None:  # the client gets an id; the log gets the traceback under it
-            self.stats.failed += 1
-            eid = uuid.uuid4().hex[:12]
-            log.error("exactspec engine: error %s ended a request", eid, exc_info=error)
-            err = GenerationError(f"internal error while decoding (id {eid}; the server log has the details)")
+            if not isinstance(error, ConstraintError):  # the client gets an id; the log gets the traceback under it
+                eid = uuid.uuid4().hex[:12]
+                log.error("exactspec engine: error %s ended a request", eid, exc_info=error)
+                err = GenerationError(f"internal error while decoding (id {eid}; the server log has the details)")
         self._tell(job, Event([], reason, st, err))
 
     def _admit(self) -> None:

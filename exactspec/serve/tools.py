@@ -25,6 +25,7 @@ from ..errors import InvalidRequest
 from .protocol import APIError, ChatMessage, ChatRequest, Tool, _Sampling
 
 OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
+_OPEN_TAG, _CLOSE_TAG = OPEN.strip(), CLOSE.strip()
 FALLBACK = ("You can call functions. To call one, answer with a block\n<tool_call>\n{\"name\": <the function's "
             "name>, \"arguments\": <its arguments as a JSON object>}\n</tool_call>\nfor each call, and nothing "
             "else. The functions:\n")
@@ -158,7 +159,7 @@ def messages(r: ChatRequest, tp: ToolPlan | None, template: str) -> tuple[list[d
 def _block(text: str, at: int) -> tuple[object, int] | None:
     """The JSON value of the call block opening at `at` and the index past its close, read as JSON (a
     string inside it may hold any text, "</tool_call>" too); None if it is not one whole block."""
-    j = at + len("<tool_call>")
+    j = at + len(_OPEN_TAG)
     while j < len(text) and text[j].isspace():
         j += 1
     try:
@@ -167,28 +168,29 @@ def _block(text: str, at: int) -> tuple[object, int] | None:
         return None
     while j < len(text) and text[j].isspace():
         j += 1
-    return (value, j + len("</tool_call>")) if text.startswith("</tool_call>", j) else None
+    return (value, j + len(_CLOSE_TAG)) if text.startswith(_CLOSE_TAG, j) else None
 
 
 def _cut_markup(text: str, cut: bool) -> str:
     """The text less a call block that never closed, and, in an answer cut by max_tokens (`cut`), less
     the start of an opening tag at its very end ("<tool"): markup is not content."""
-    if (j := text.rfind("<tool_call>")) >= 0 and "</tool_call>" not in text[j:]:
+    if (j := text.rfind(_OPEN_TAG)) >= 0 and _CLOSE_TAG not in text[j:]:
         return text[:j]
-    for n in range(len("<tool_call>") - 1, 0, -1):
-        if cut and text.endswith("<tool_call>"[:n]):
-            return text[:-n]
+    if cut:
+        for n in range(len(_OPEN_TAG) - 1, 0, -1):
+            if text.endswith(_OPEN_TAG[:n]):
+                return text[:-n]
     return text
 
 
 def calls(text: str, tp: ToolPlan, cut: bool = False) -> tuple[str | None, list[dict]]:
     """An answer's text as (content, OpenAI tool_calls): every block naming an offered tool with an
     arguments object is a call (parsed as the JSON it is; one only unless tp.parallel); the text around
-    them is the content (None when there is none, with calls). A block that never closed (`cut`: the
-    answer ran out of tokens) is dropped, never left in the content as markup."""
+    them is the content (None when there is none, with calls). A block that never closed is dropped, and
+    with `cut` (the answer ran out of tokens) a trailing "<tool": markup is never left in the content."""
     names = {t.function.name for t in tp.tools}
     found, kept, at = [], [], 0
-    while (i := text.find("<tool_call>", at)) >= 0 and (found == [] or tp.parallel):
+    while (i := text.find(_OPEN_TAG, at)) >= 0 and (found == [] or tp.parallel):
         got = _block(text, i)
         if got is None:  # not a whole block: text up to the next opening
             kept.append(text[at:i + 1])
