@@ -177,6 +177,13 @@ def calibrated(net: Transformer) -> bool:
     return net in _ONE_ROW
 
 
+def observe_drafting(net: Transformer, seconds: float, forwards: int, calibrated: float | None) -> None:
+    """A drafter (a draft model, a head: `net`) took `seconds` for `forwards` draft forwards, each
+    calibrated at `calibrated` seconds (None: not calibrated, so nothing is learned)."""
+    if forwards and calibrated:
+        draft_drift(net).add(0, seconds / forwards, calibrated)
+
+
 def step_seconds(net: Transformer) -> float:
     """A one-row decode forward at position 32 as the loop runs it: the unit the costs are in."""
     return one_row_seconds(net) * drifts(net).factor(0)

@@ -24,8 +24,8 @@ from numba import njit
 from .. import kernels as K
 from ..errors import InvalidRequest
 from ..model.transformer import Rows, Transformer
-from .cost import (Acceptance, ByEvidence, calibrated, draft_drift, one_row_seconds, step_seconds, tokens_per_time,
-                   verify_costs)
+from .cost import (Acceptance, ByEvidence, calibrated, draft_drift, observe_drafting, one_row_seconds, step_seconds,
+                   tokens_per_time, verify_costs)
 from .policy import Backoff
 from .sampling import SamplingParams, pick
 
@@ -283,9 +283,8 @@ class DraftModelDrafter(Drafter):
     def propose(self, slots, seqs, ks, params) -> list[list[int]]:
         t, before = time.perf_counter(), self.forward_passes
         out = self._propose(slots, seqs, ks, params)
-        if self.forward_passes > before and calibrated(self.model):  # its drift (cost_per_token)
-            per = (time.perf_counter() - t) / (self.forward_passes - before)
-            draft_drift(self.model).add(0, per, one_row_seconds(self.model))
+        observe_drafting(self.model, time.perf_counter() - t, self.forward_passes - before,  # (cost_per_token)
+                         one_row_seconds(self.model) if calibrated(self.model) else None)
         return out
 
     def _propose(self, slots, seqs, ks, params) -> list[list[int]]:

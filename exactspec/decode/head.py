@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ from ..errors import CheckpointError, UnsupportedModelError
 from ..kernels.threads import torch_serial
 from ..model.transformer import Rows, Transformer, int64s
 from ..text.tokenizer import Tokenizer
-from .cost import drifts, interleaved, one_row
+from .cost import draft_drift, drifts, interleaved, observe_drafting, one_row
 from .drafters import Drafter
 from .sampling import SamplingParams, pick
 
@@ -130,6 +131,7 @@ def shipped_head(target: Transformer, tokenizer: Tokenizer | None) -> Path | Non
 
 
 _COST: "weakref.WeakKeyDictionary[Head, float]" = weakref.WeakKeyDictionary()
+_SECONDS: "weakref.WeakKeyDictionary[Head, float]" = weakref.WeakKeyDictionary()  # its calibrated draft step
 
 
 class HeadDrafter(Drafter):
@@ -207,6 +209,14 @@ class HeadDrafter(Drafter):
 
     def propose(self, slots: list[int], seqs: list[list[int]], ks: list[int],
                 params: list[SamplingParams]) -> list[list[int]]:
+        t, before = time.perf_counter(), self.forward_passes
+        out = self._propose(slots, seqs, ks, params)
+        observe_drafting(self.head.net, time.perf_counter() - t, self.forward_passes - before,  # (cost_per_token)
+                         _SECONDS.get(self.head))
+        return out
+
+    def _propose(self, slots: list[int], seqs: list[list[int]], ks: list[int],
+                 params: list[SamplingParams]) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in seqs]
         rows, toks, feed, live, at = Rows(), [], [], [], {}
         cap = self.cache.capacity
@@ -260,5 +270,7 @@ class HeadDrafter(Drafter):
                 probe.fed[0] = 39
                 probe.propose([0], [[1] * 41], [1], [SamplingParams()])
             head, row = interleaved([step, one_row(target)])  # side by side: a slow spell hits both
-            _COST[self.head] = head / row
-        return _COST[self.head] / drifts(target).factor(0)  # over a one-row forward as the loop runs it
+            _COST[self.head], _SECONDS[self.head] = head / row, head
+        # times its drift in use (the states it catches up on after forced text or a long accept), over a
+        # one-row forward as the loop runs it
+        return _COST[self.head] * draft_drift(self.head.net).factor(0) / drifts(target).factor(0)
