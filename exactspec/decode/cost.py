@@ -171,6 +171,17 @@ def draft_drift(net: Transformer) -> Drifts:
     return _AS_DRAFT[net]
 
 
+_SEEN: "weakref.WeakKeyDictionary[Transformer, Acceptance]" = weakref.WeakKeyDictionary()
+
+
+def seen(net: Transformer) -> "Acceptance":
+    """A drafting model's (a draft model's, a head's) acceptance over the recent verify steps of every
+    sequence it drafted for: where a new sequence's acceptance starts (decode/policy.py)."""
+    if net not in _SEEN:
+        _SEEN[net] = Acceptance()
+    return _SEEN[net]
+
+
 def calibrated(net: Transformer) -> bool:
     """Whether the one-row forward of net was timed (observations before it are not taken: timing it in the
     middle of a step that asked for no cost would cost that step)."""

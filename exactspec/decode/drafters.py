@@ -24,8 +24,8 @@ from numba import njit
 from .. import kernels as K
 from ..errors import InvalidRequest
 from ..model.transformer import Rows, Transformer
-from .cost import (Acceptance, ByEvidence, calibrated, draft_drift, observe_drafting, one_row_seconds, step_seconds,
-                   tokens_per_time, verify_costs)
+from .cost import (Acceptance, ByEvidence, calibrated, draft_drift, observe_drafting, one_row_seconds, seen,
+                   step_seconds, tokens_per_time, verify_costs)
 from .policy import Backoff
 from .sampling import SamplingParams, pick
 
@@ -64,6 +64,12 @@ class Drafter:
     def cost_per_token(self, target: Transformer) -> float:
         """Drafting one token, in units of one target forward of one row (lookups: nothing)."""
         return 0.0
+
+    @property
+    def seen(self) -> Acceptance | None:
+        """A model drafter's acceptance over the recent steps of every sequence it drafted for (shared by
+        the drafters of one model: cost.seen); None for drafters priced otherwise."""
+        return None
 
     def alternatives(self, slot: int) -> list[int]:
         """Runners-up for the first token of the slot's last draft, best first (tree verification checks
@@ -269,6 +275,10 @@ class DraftModelDrafter(Drafter):
         self.cache = self.model.new_cache(n_slots, capacity)
         self.cached: list[list[int]] = [[] for _ in range(n_slots)]  # token ids whose keys are in the cache
         self.known: list[int] = [0] * n_slots  # cached[:known] is a committed prefix (committed ids never change)
+
+    @property
+    def seen(self) -> Acceptance:
+        return seen(self.model)
 
     def cost_per_token(self, target: Transformer) -> float:
         """A draft forward as drafting pays it (its calibrated forward times its drift: the tokens it feeds,

@@ -33,7 +33,7 @@ from ..errors import CheckpointError, UnsupportedModelError
 from ..kernels.threads import torch_serial
 from ..model.transformer import Rows, Transformer, int64s
 from ..text.tokenizer import Tokenizer
-from .cost import draft_drift, drifts, interleaved, observe_drafting, one_row
+from .cost import Acceptance, draft_drift, drifts, interleaved, observe_drafting, one_row, seen
 from .drafters import Drafter
 from .sampling import SamplingParams, pick
 
@@ -147,6 +147,10 @@ class HeadDrafter(Drafter):
         self.H = target.cfg.hidden_size
         self.forward_passes = 0
         self.first_row: dict[int, tuple[torch.Tensor, int]] = {}  # slot -> its last draft's first logits row and pick
+
+    @property
+    def seen(self) -> Acceptance:
+        return seen(self.head.net)
 
     def alternatives(self, slot: int) -> list[int]:
         """Ranked only when asked (tree verification on): the head's next choices after its pick."""

@@ -80,8 +80,10 @@ class Batch:
             raise GenerationError("Batch.add: no free slot (check has_room first)")
         forced = req.constraint is not None  # forced text: free drafts (decode/constraint.py)
         free = self.drafter.free if self.drafter is not None else bool(req.prediction) or forced
-        policy = Policy(req.draft_len, drafting=self.drafter is not None or bool(req.prediction) or forced, free=free)
+        policy = Policy(req.draft_len, drafting=self.drafter is not None or bool(req.prediction) or forced, free=free,
+                        seen=self.drafter.seen if self.drafter is not None else None)
         s = SeqState(req, self._free.pop(), list(req.prompt), policy, tag)
+        policy.begin(self._per_draft, lambda: self._costs(s))
         if forced:
             s.matcher = Matcher(req.constraint)
         s.stats.prompt_tokens, s.stats.seed = len(req.prompt), req.params.seed if not req.params.greedy else None

@@ -92,11 +92,16 @@ def test_auto_draft_length_by_cost(pair, monkeypatch):
     # chosen depends on the acceptance only, not on this machine's timings
     monkeypatch.setattr(loop, "verify_costs", lambda net, context=32: flat)
     monkeypatch.setattr(DraftModelDrafter, "cost_per_token", lambda self, target: 0.3)
+    monkeypatch.setitem(cost._SEEN, draft.net, Acceptance())  # no sequence drafted for yet (other tests share it)
     # an unrelated draft model: drafting all but stops (probes after growing pauses); tokens unchanged
     plain = target.generate(PROMPTS[2], N_NEW, ignore_eos=True).token_ids
     auto = target.generate(PROMPTS[2], N_NEW, ignore_eos=True, draft=draft, num_draft_tokens="auto")
     fixed = target.generate(PROMPTS[2], N_NEW, ignore_eos=True, draft=draft, num_draft_tokens=4)
     assert auto.token_ids == plain and auto.stats.proposed * 4 < fixed.stats.proposed
+    # the draft model's acceptance over those steps is where the next sequence starts: it drafts less early
+    assert cost.seen(draft.net).alpha < 0.2
+    again = target.generate(PROMPTS[2], N_NEW, ignore_eos=True, draft=draft, num_draft_tokens="auto")
+    assert again.token_ids == plain and again.stats.proposed < auto.stats.proposed
     # a right prediction: long drafts (costs of verify rows aside, alpha near 1)
     guess = target.generate(PROMPTS[2], N_NEW, ignore_eos=True, prediction=plain, num_draft_tokens="auto")
     assert guess.token_ids == plain and guess.stats.forward_passes * 4 < N_NEW
