@@ -4,6 +4,17 @@ import os as _os
 # Vectorized transcendental libraries (SVML) would give exp/silu a different code path in the
 # vector body than in the scalar tail of a loop; keep every element on the scalar libm path.
 _os.environ.setdefault("NUMBA_DISABLE_INTEL_SVML", "1")
+# NUMBA_CPU_NAME=haswell alone compiles for haswell's scheduling with the *host's* features (numba passes
+# them to LLVM): on an AVX-512 host the "haswell" build used zmm registers and AVX-512 instructions, so
+# code meant to show the AVX2 level (benchmarks, the cross-CPU record) was not. A named CPU means its own
+# features unless NUMBA_CPU_FEATURES says otherwise ("" = the name's own, as numba does for "generic").
+if _os.environ.get("NUMBA_CPU_NAME", "host") != "host":
+    _os.environ.setdefault("NUMBA_CPU_FEATURES", "")
+    import sys as _sys
+    if "numba" in _sys.modules:  # imported first: its config was read already (nothing compiled yet, we hope)
+        from numba.core import config as _config
+        if _config.CPU_FEATURES is None:
+            _config.CPU_FEATURES = ""
 
 
 def _numba_cache_dir() -> str:

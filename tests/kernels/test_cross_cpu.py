@@ -100,20 +100,36 @@ for fmt in ("q4_0", "q8_0", "q6_k"):
     L.linear_block.compile(sig)  # compiled, never run (nothing compiled for the target runs: the host may lack it)
     asm = L.linear_block.inspect_asm(sig)
     out[fmt] = sorted({" ".join(m.split()) for m in re.findall(r"\\b(vpdpbusd\\s+%[yz]mm(?=\\d)|vpmaddubsw\\b|vpmaddwd\\b|vpsignb\\b|vpmullw\\b)",
-                                                         asm)})
+                                                         asm)} | ({"zmm"} if "%zmm" in asm else set()))
+import torch  # the float tile: float32 and bfloat16 weights, float rows
+for dt in ("float32", "bfloat16"):
+    p = K.pack_weight(torch.randn(32, 256).to(getattr(torch, dt)))
+    sig = (types.Array(types.float32, 2, "A"), numba.typeof(p.data), types.Array(types.float32, 1, "C"),
+           types.Array(types.float32, 2, "A"), types.int64, types.int64)
+    L.linear_block.compile(sig)
+    asm = L.linear_block.inspect_asm(sig)
+    out[dt] = sorted({"vfmadd231ps %" + m for m in re.findall(r"vfmadd231ps\\s+[^\\n]*%([xyz]mm)\\d+\\s*$", asm, re.M)}
+                     | ({"zmm"} if "%zmm" in asm else set()))
 print(out)
 """
 
 
+_F16 = {"float32": ["vfmadd231ps %ymm"], "bfloat16": ["vfmadd231ps %ymm"]}  # 16 ymm registers: no zmm anywhere
+_F32 = {"float32": ["vfmadd231ps %zmm", "zmm"], "bfloat16": ["vfmadd231ps %zmm", "zmm"]}
+
+
 @pytest.mark.parametrize("target,want", [
     ("haswell", {"q4_0": ["vpmaddubsw", "vpmaddwd"], "q8_0": ["vpmaddubsw", "vpmaddwd", "vpsignb"],
-                 "q6_k": ["vpmaddubsw", "vpmaddwd"]}),
-    ("alderlake", {f: ["vpdpbusd %ymm"] for f in ("q4_0", "q8_0", "q6_k")}),
-    ("icelake-server", {f: ["vpdpbusd %zmm"] for f in ("q4_0", "q8_0", "q6_k")})])
+                 "q6_k": ["vpmaddubsw", "vpmaddwd"], **_F16}),
+    ("alderlake", {**{f: ["vpdpbusd %ymm"] for f in ("q4_0", "q8_0", "q6_k")}, **_F16}),
+    ("icelake-server", {**{f: ["vpdpbusd %zmm", "zmm"] for f in ("q4_0", "q8_0", "q6_k")}, **_F32})])
 def test_each_target_compiles_its_integer_dot_instruction(tmp_path, target, want):
     """The integer-dot tile's instruction per instruction set, read in the generated assembly: AVX2
     `vpmaddubsw` + `vpmaddwd` (8-bit weights with `vpsignb`), AVX-VNNI's 256-bit `vpdpbusd`, AVX512-VNNI's
-    512-bit one; no widening multiplies (`vpmullw`). (Its bits: the golden record, where it runs.)"""
+    512-bit one; no widening multiplies (`vpmullw`). The float tile (float32, bfloat16 weights): FMAs on ymm
+    for the AVX2 targets, zmm for AVX-512. No zmm register at all in an AVX2 target's code: NUMBA_CPU_NAME
+    alone kept the host's features (exactspec/__init__.py), and an AVX-512 host built "haswell" with
+    AVX-512. (Its bits: the golden record, where it runs.)"""
     env = dict(os.environ, NUMBA_CPU_NAME=target, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
     r = subprocess.run([sys.executable, "-c", _INT_DOT_ASM], env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
