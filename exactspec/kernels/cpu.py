@@ -41,11 +41,10 @@ MADDUBS = AVX2 and not (VNNI or AVXVNNI)
 F16C = _target_has(("+f16c",), ("ivybridge", "haswell", "broadwell", "skylake", "cascade", "cooper", "cannon", "icelake",
                                 "tiger", "rocket", "alder", "raptor", "meteor", "sapphire", "granite", "emerald",
                                 "diamond", "znver", "bdver2", "bdver3", "bdver4", "x86-64-v3", "x86-64-v4"))
-# Rows per integer-dot tile: mr rows x 2 vectors of float and of integer accumulators. 8-bit weights on AVX2
-# (no VNNI: |w| and w's sign applied to the row, more registers live) in 1-row tiles: measured at the haswell
-# level on Zen 4, a 1536 x 768 Q8_0 weight, 64 rows 1.41 -> 0.95 ms; the 4-6-bit formats fastest at 2.
+# Rows per integer-dot tile: mr rows x 2 vectors of float and of integer accumulators. (8-bit weights on AVX2 took
+# 1-row tiles for a while, chosen from a "haswell" build that was AVX-512 code; with AVX2 code, a 1536 x 768 Q8_0
+# weight at 5 / 64 rows takes 0.087-0.099 / 0.94-1.07 ms in 2-row tiles, 0.119-0.160 / 1.31-1.86 in 1-row ones.)
 MR_INT = 6 if _WIDE else 2
-MR_INT8 = 1 if MADDUBS and not _WIDE else MR_INT
 
 
 def _cpu_model() -> str:
@@ -72,5 +71,5 @@ def describe() -> dict:
                 and f.startswith("+")),
             "numba_target": config.CPU_NAME or "host", "numba_features": config.CPU_FEATURES or None,
             "integer_dot": int_dot, "float_tile": f"{'32' if _WIDE else '16'} vector registers, {MR_MAX}-row tiles",
-            "integer_dot_tile_rows": {"4-6-bit": MR_INT, "8-bit": MR_INT8},
+            "integer_dot_tile_rows": MR_INT,
             "float16_scales": "F16C vcvtph2ps" if F16C else "integer ops"}

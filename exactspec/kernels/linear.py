@@ -11,8 +11,8 @@ from numba.extending import overload
 from . import tile
 from .expf import SWIGLU, fma_ref, gated
 from .actquant import _is_int_dot, act_buffers, acts, nrows
-from .cpu import MR_INT, MR_INT8, MR_MAX
-from .layout import LAYOUTS, NL
+from .cpu import MR_INT, MR_MAX
+from .layout import NL
 from .pack import PackedWeight
 from .threads import SERIAL_WORK, TwoBuilds
 
@@ -35,9 +35,7 @@ def _tile_rows(w):
 
 @overload(_tile_rows)
 def _tile_rows_impl(w):
-    mr = MR_MAX
-    if _is_int_dot(w):
-        mr = MR_INT8 if LAYOUTS[next(iter(w.dtype.fields))].qbits == 8 else MR_INT
+    mr = MR_INT if _is_int_dot(w) else MR_MAX
     return lambda w: mr
 
 
