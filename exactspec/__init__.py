@@ -11,7 +11,7 @@ _os.environ.setdefault("NUMBA_DISABLE_INTEL_SVML", "1")
 if _os.environ.get("NUMBA_CPU_NAME", "host") != "host":
     _os.environ.setdefault("NUMBA_CPU_FEATURES", "")
     import sys as _sys
-    if "numba" in _sys.modules:  # imported first: its config was read already (nothing compiled yet, we hope)
+    if "numba" in _sys.modules:  # imported first: its config was read already; it is used at numba's first compile
         from numba.core import config as _config
         if _config.CPU_FEATURES is None:
             _config.CPU_FEATURES = ""

@@ -10,8 +10,8 @@ per token; 0 for lookup and predictions).
 The costs are calibrated once per model (a few dozen bare forwards, interleaved) and then corrected by
 what the loop's forwards really take (`Drifts`): a calibration taken during a slow spell of a shared
 machine is off by 10% or more, and a draft model's step with its feeding and picking costs 1.7-2.4x its
-bare forward (measured on SmolLM2 at the AVX2 level: a calibration under load priced a second row at 0.03
-of a forward, the loop paid 0.13-0.22). Draft lengths chosen from such numbers drafted at a loss (issue 55).
+bare forward (measured on SmolLM2 on a Zen 4: a calibration under load priced a second row at 0.03 of
+a forward, the loop paid 0.13-0.22). Draft lengths chosen from such numbers drafted at a loss (issue 55).
 """
 from __future__ import annotations
 
@@ -221,14 +221,8 @@ def tokens_per_time(alpha: float, costs: np.ndarray, per_draft: float, max_k: in
 
 
 def best_k(alpha: float, costs: np.ndarray, per_draft: float, max_k: int = MAX_K) -> int:
-    """The k in 0..max_k with the most expected tokens per unit of time (tokens_per_time's argmax, in
-    scalars: it runs every decode step)."""
-    best, best_v, tokens, p = 0, 0.0, 0.0, 1.0
-    for k, c in enumerate(costs[:min(max_k, len(costs) - 1) + 1].tolist()):
-        tokens, p = tokens + p, p * alpha
-        if tokens / (c + k * per_draft) > best_v:
-            best, best_v = k, tokens / (c + k * per_draft)
-    return best
+    """The k in 0..max_k with the most expected tokens per unit of time."""
+    return int(np.argmax(tokens_per_time(alpha, costs, per_draft, max_k)))
 
 
 def best_siblings(alpha: float, rate: float, k: int, most: int, costs: np.ndarray, drafting: float) -> int:
