@@ -33,7 +33,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .cpu import MR_INT
+from .cpu import MR_INT, MR_MAX
 from .ftile import FTile
 from .itile import ITile
 from .layout import LAYOUTS
@@ -55,7 +55,7 @@ def _make(mr: int):
             raise TypeError(f"tile: {fmt} weights take {'(q, d, s) int8 activations' if int_dot else 'float rows'}")
 
         def codegen(context, builder, signature, args):
-            if int_dot and mr > MR_INT:  # never called (linear_block's tiles are at most MR_INT rows): no code
+            if mr > (MR_INT if int_dot else MR_MAX):  # never called (linear_block's tiles are at most this tall): no code
                 cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.trap")
                 builder.call(builder.module.get_global("llvm.trap"), [])
             elif int_dot:
