@@ -11,10 +11,10 @@ in int16 with saturation), the pair sums of up to `cap` quads added in int16, th
 quants at most 15, 31 or 63 (4, 5, 6 bits: 8 * 2 * 15 * 127 = 30480, 4 * 2 * 31 * 127, 2 * 2 * 63 * 127 =
 32004 < 32767), while 8-bit weights (u = w + 128) go one quad at a time as |w| <= 128 against the
 activations with w's sign (`vpsignb`; 2 * 128 * 127 = 32512), their sum then sum w*q = sum u*q - 128 s
-itself; elsewhere widening multiplies and adds. (Measured under NUMBA_CPU_NAME=haswell on Zen 4 before that
-name meant AVX2 code, so with AVX-512 around the AVX2 intrinsics: a 1536 x 768 weight, 5 / 64 rows, summing in
-int16 first 0.078 -> 0.064 / 0.76 -> 0.62 ms on Q4_1, similar on Q4_0, Q4_K, Q6_K; not re-measured as AVX2
-code.) Then the group's float combine (actquant.py's docstring), the
+itself; elsewhere widening multiplies and adds. (Summing in int16 first was measured under a "haswell" name that
+was AVX-512 code then: a 1536 x 768 weight at 64 rows 0.76 -> 0.62 ms on Q4_1; as AVX2 code, on an Intel Xeon,
+5- and 6-bit weights widened every quad instead measured no different.) On the 16-register targets (AVX2,
+AVX-VNNI) each quad's sums are pinned (`pin`) so that LLVM schedules quad by quad. Then the group's float combine (actquant.py's docstring), the
 same fixed sequence of operations for every row count, tile height, thread count and CPU. A tile has
 at most cpu.MR_INT rows: each row holds its float and its integer accumulators in registers.
 """
