@@ -157,8 +157,8 @@ def _calibrated(net: Transformer, context: int) -> np.ndarray:
         near, far = measured
         span = _far(net) - 32
         rows = np.arange(1, MAX_K + 2)
-        _LINES[net] = (measured, np.interp(rows, _MEASURED, near),
-                       np.interp(rows, _MEASURED, np.maximum(far - near, 0.0)) / span if span > 0 else 0.0 * rows)
+        growth = np.maximum(far - near, 0.0) / span if span > 0 else np.zeros_like(near)  # per position
+        _LINES[net] = (measured, np.interp(rows, _MEASURED, near), np.interp(rows, _MEASURED, growth))
     _, at32, per_position = _LINES[net]
     return at32 + max(context - 32, 0) * per_position
 

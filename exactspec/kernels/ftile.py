@@ -214,7 +214,10 @@ class FTile:
         zero = [ir.Constant(self.vf, None)] * (self.mr * (NL // V))
         body = self.float_body if self.fmt in ("f32", "bf16") else self.record_body
         out = self.loop(self.n, zero, body)
-        b = self.b
-        for i, acc in enumerate(out):  # row r = i // 2, vector v = i % 2: t[r, 16 v ..]
-            p = b.gep(self.t, [self.c64((i // (NL // V)) * NL + (i % (NL // V)) * V)])
-            b.store(acc, b.bitcast(p, self.vf.as_pointer()), align=4)
+        for i, acc in enumerate(out):
+            self.b.store(acc, self.tslot(i), align=4)
+
+    def tslot(self, i: int):
+        """Where accumulator i (row r = i // 2, vector v = i % 2) is stored: t[r, 16 v ..]."""
+        p = self.b.gep(self.t, [self.c64((i // (NL // V)) * NL + (i % (NL // V)) * V)])
+        return self.b.bitcast(p, self.vf.as_pointer())

@@ -14,9 +14,10 @@ activations with w's sign (`vpsignb`; 2 * 128 * 127 = 32512), their sum then sum
 itself; elsewhere widening multiplies and adds. (Summing in int16 first was measured under a "haswell" name that
 was AVX-512 code then: a 1536 x 768 weight at 64 rows 0.76 -> 0.62 ms on Q4_1; as AVX2 code, on an Intel Xeon,
 5- and 6-bit weights widened every quad instead measured no different.) On the 16-register targets (AVX2,
-AVX-VNNI) each quad's sums are pinned (`pin`) so that LLVM schedules quad by quad. Then the group's float combine (actquant.py's docstring), the
-same fixed sequence of operations for every row count, tile height, thread count and CPU. A tile has
-at most cpu.MR_INT rows: each row holds its float and its integer accumulators in registers.
+AVX-VNNI) each quad's sums are pinned (`pin`) so that LLVM schedules quad by quad. Then the group's float
+combine (actquant.py's docstring), the same fixed sequence of operations for every row count, tile height,
+thread count and CPU. A tile has at most cpu.MR_INT rows: each row holds its float and its integer accumulators
+in registers (AVX2: its float ones in the tile's buffer between groups, `mem_acc`).
 """
 from __future__ import annotations
 
@@ -72,11 +73,6 @@ class ITile(FTile):
         haswell level: 571 vector spills and fills in linear_block -> 139; a 1536 x 768 weight at 64 rows
         0.78 -> 0.62 ms, with the float accumulators kept in t (mem_acc) 0.58; AVX-VNNI 0.67 -> 0.42 ms)."""
         return self.b.asm(ir.FunctionType(v.type, [v.type]), "", "=x,0", [v], False)
-
-    def tslot(self, i: int):
-        """Where accumulator i (row i // 2, vector i % 2) lives in t."""
-        p = self.b.gep(self.t, [self.c64((i // (NL // V)) * NL + (i % (NL // V)) * V)])
-        return self.b.bitcast(p, self.vf.as_pointer())
 
     def build(self) -> None:
         if not self.mem_acc:
@@ -212,7 +208,7 @@ class ITile(FTile):
             dw = [b.fmul(d, s) for d, s in zip(dw, bytes_(F.sc_at))]
             mins = [b.fneg(b.fmul(d, m)) for d, m in zip(mins, bytes_(F.mn_at))]
         offset = 0 if self.signed8 else F.zero
-        acc = [b.load(self.tslot(i), align=4) for i in range(self.mr * (NL // V))] if self.mem_acc else list(acc)
+        acc = self.loaded(acc)
         for r in range(self.mr):
             dx = b.load(b.gep(self.dbase, [b.add(b.mul(self.c64(r), self.sd), g)]))
             sx = b.load(b.gep(self.sbase, [b.add(b.mul(self.c64(r), self.ss), g)]))
@@ -230,7 +226,12 @@ class ITile(FTile):
                 acc[i] = a
         return self.stored(acc)
 
+    def loaded(self, acc: list) -> list:
+        """The float accumulators at a group's combine: the phis `acc`, or with mem_acc from t."""
+        return [self.b.load(self.tslot(i), align=4) for i in range(self.mr * (NL // V))] if self.mem_acc else list(acc)
+
     def stored(self, acc: list) -> list:
+        """After the combine: the new accumulators as phis, or with mem_acc stored back into t (none)."""
         if not self.mem_acc:
             return acc
         for i, a in enumerate(acc):
@@ -251,7 +252,7 @@ class ITile(FTile):
             xsum.append([self.bcast(b.shl(x, ir.Constant(self.i32, 5)), vi) for x in (h0, b.sub(tot, h0))])
         s = [[b.fmul(d[v], b.sitofp(self.vec(b.gep(gb, [self.c64(F.sc_at + h * NL + V * v)]), self.i8, 1), vf))
               for v in range(NL // V)] for h in range(2)]
-        acc = [b.load(self.tslot(i), align=4) for i in range(self.mr * (NL // V))] if self.mem_acc else list(acc)
+        acc = self.loaded(acc)
         for r in range(self.mr):
             dxv = self.bcast(b.load(b.gep(self.dbase, [b.add(b.mul(self.c64(r), self.sd), g)])), vf)
             for v in range(NL // V):
