@@ -113,6 +113,24 @@ class ITile(FTile):
         ones = ir.Constant(ir.VectorType(self.i16, 16), [1] * 16)
         return self.join(*[b.add(a, b.call(self.maddwd, [p, ones])) for a, p in zip(self.split(acc, 8), p16)])
 
+    def islot(self, i: int):
+        """AVX2: where integer accumulator i waits between its widens (t's rows mr .. 2 mr - 1: linear.py's
+        tile buffer has them)."""
+        p = self.b.gep(self.t, [self.c64(self.mr * NL + (i // (NL // V)) * NL + (i % (NL // V)) * V)])
+        return self.b.bitcast(p, self.vi.as_pointer())
+
+    def widen_stashed(self, i: int, acc, p16: list, last: bool):
+        """widen, with the integer accumulator i in memory between the widens of a chain (a 5-, 6- or 8-bit
+        group widens 2, 4 or 8 times): kept in registers it held 8 of the 16 while the next quads' int16 sums
+        took 8 more, and LLVM spilled (a 2-row Q5_K group: 96 spills and fills). `acc` None: in the slot."""
+        if acc is None:
+            acc = self.b.load(self.islot(i), align=4)
+        acc = self.widen(acc, p16)
+        if last or self.cap == 1:  # (8-bit: a widen every quad, through memory measured 0.81 -> 0.97 ms)
+            return acc
+        self.b.store(acc, self.islot(i), align=4)
+        return None
+
     def dot(self, acc, u, s):
         """acc[l] + sum_{i<4} u[4l + i] * s[4l + i]: u unsigned, s signed bytes (<64 x i8> or <16 x i32>).
         (AVX2 takes madd16 and widen instead.)"""
@@ -157,18 +175,20 @@ class ITile(FTile):
             else:
                 packed = b.load(b.bitcast(row, self.vb.as_pointer()), align=1)
                 ws = [b.and_(packed, ir.Constant(self.vb, [15] * (4 * V))), b.lshr(packed, ir.Constant(self.vb, [4] * (4 * V)))]
-                if F.pairs:  # bits 4-5: the 2-bit field of quad u in its set's v-th 64-byte vector, moved to
-                    # bits 4-5 by one shift (none for u % 4 == 2) and masked
+                if F.fields:  # bit 4 (and 5): the field of quad u in its set's v-th 64-byte vector, moved to
+                    # bit 4 by one shift (none for the set's quad whose field is there) and masked
+                    f, per = F.fields, F.per_byte
                     for v in range(NL // V):
-                        hp = b.gep(gb, [self.c64(F.hb_at + ((u // 4) * 2 + v) * 4 * V)])
+                        hp = b.gep(gb, [self.c64(F.hb_at + ((u // per) * 2 + v) * 4 * V)])
                         h = b.load(b.bitcast(hp, self.vb.as_pointer()), align=1)
-                        sh = 4 - 2 * (u % 4)
+                        sh = 4 - f * (u % per)
                         if sh > 0:
                             h = b.shl(h, ir.Constant(self.vb, [sh] * (4 * V)))
                         elif sh < 0:
                             h = b.lshr(h, ir.Constant(self.vb, [-sh] * (4 * V)))
-                        ws[v] = b.or_(ws[v], b.and_(h, ir.Constant(self.vb, [0x30] * (4 * V))))
-                for bit in range(4, 4 if F.pairs else F.qbits):  # bit i of the quad's v-th uint64 in plane `bit`
+                        mask = ((1 << f) - 1) << 4
+                        ws[v] = b.or_(ws[v], b.and_(h, ir.Constant(self.vb, [mask] * (4 * V))))
+                for bit in range(4, 4 if F.fields else F.qbits):  # bit i of the quad's v-th uint64 in plane `bit`
                     for v in range(NL // V):
                         hp = b.gep(gb, [self.c64(F.hb_at + (bit - 4) * QK * NL // 8 + u * 2 * 8 + 8 * v)])
                         bits = b.bitcast(b.load(b.bitcast(hp, self.i64.as_pointer()), align=1),
@@ -187,19 +207,25 @@ class ITile(FTile):
                     if (i16 := (r * (NL // V) + v, h)) in a16:
                         p16, n = [b.add(x, y) for x, y in zip(a16[i16][0], p16)], a16[i16][1] + 1
                     a16[i16] = (p16, n)
-                    if n == cap:
-                        a[h] = self.widen(a[h], a16.pop(i16)[0])
+                    if n == cap:  # (the chain's last quad: its sum stays in registers for the combine)
+                        a[h] = self.widen_stashed(r * (NL // V) + v, a[h], a16.pop(i16)[0],
+                                                  last=u % 4 == 3 if F.sc16 else u == QK // 4 - 1)
             if MADDUBS or AVXVNNI:  # 16 ymm registers: this quad's sums done before the next quad's work (pin)
                 for key, (p16, n) in a16.items():
                     a16[key] = ([self.pin(x) for x in p16], n)
                 for a in iacc:
                     for h in range(len(a)):
-                        if a[h] is not zero:
+                        if a[h] is not zero and a[h] is not None:
                             a[h] = self.join(*[self.pin(x) for x in self.split(a[h], 8)])
+            if F.sc16 and u == QK // 8 - 1:  # q6_k: k's 0..15 summed: their combine now (the same float operations
+                # in the same order as at the group's end), so their integer sums leave the registers
+                for key in [key for key in a16 if key[1] == 0]:
+                    iacc[key[0]][0] = self.widen_stashed(key[0], iacc[key[0]][0], a16.pop(key)[0], last=True)
+                acc = self.combine16(g, gb, shared[0], acc, iacc, xrow, 0)
         for (i, h), (p16, _) in a16.items():
-            iacc[i][h] = self.widen(iacc[i][h], p16)
+            iacc[i][h] = self.widen_stashed(i, iacc[i][h], p16, last=True)
         if F.sc16:
-            return self.combine16(g, gb, shared[0], acc, iacc, xrow)
+            return self.combine16(g, gb, shared[0], acc, iacc, xrow, 1)
         isum = [a[0] if nacc == 1 else b.add(a[0], a[1]) for a in iacc]
         dw, mins = shared
         if F.sub_scales:
@@ -238,26 +264,27 @@ class ITile(FTile):
             self.b.store(a, self.tslot(i), align=4)
         return []
 
-    def combine16(self, g, gb, d: list, acc: list, iacc: list, xrow: list) -> list:
-        """q6_k's float combine: per half h of the group, acc = fma(f32(sum (u - 32) q), (f32(d) * f32(sc_h)) * dx, acc),
-        the integer sum taken as sum u q - 32 sum q (the same int32; u: the stored quants 0..63, q: the
-        row's int8 activations; the half's sum of q: its 16 bytes summed, and the group's s less that)."""
+    def combine16(self, g, gb, d: list, acc: list, iacc: list, xrow: list, h: int) -> list:
+        """q6_k's float combine of half h of the group (k's 0..15, then 16..31, each as soon as its sums are
+        done): acc = fma(f32(sum (u - 32) q), (f32(d) * f32(sc_h)) * dx, acc), the integer sum taken as
+        sum u q - 32 sum q (the same int32; u: the stored quants 0..63, q: the row's int8 activations; the
+        half's sum of q: half 0's 16 bytes summed, half 1's the group's s less that)."""
         b, F, vf, vi = self.b, LAYOUTS[self.fmt], self.vf, self.vi
         v16 = ir.VectorType(self.i32, 16)
         red = cgutils.get_or_insert_function(b.module, ir.FunctionType(self.i32, [v16]), "llvm.vector.reduce.add.v16i32")
-        xsum = []  # (row) -> (32 * sum of q over k's 0..15, over 16..31)
+        xsum = []  # (row) -> 32 * the half's sum of q
         for r in range(self.mr):
             h0 = b.call(red, [b.sext(self.vec(xrow[r], self.i8, 1), v16)])
-            tot = b.load(b.gep(self.sbase, [b.add(b.mul(self.c64(r), self.ss), g)]))
-            xsum.append([self.bcast(b.shl(x, ir.Constant(self.i32, 5)), vi) for x in (h0, b.sub(tot, h0))])
-        s = [[b.fmul(d[v], b.sitofp(self.vec(b.gep(gb, [self.c64(F.sc_at + h * NL + V * v)]), self.i8, 1), vf))
-              for v in range(NL // V)] for h in range(2)]
+            if h:
+                h0 = b.sub(b.load(b.gep(self.sbase, [b.add(b.mul(self.c64(r), self.ss), g)])), h0)
+            xsum.append(self.bcast(b.shl(h0, ir.Constant(self.i32, 5)), vi))
+        s = [b.fmul(d[v], b.sitofp(self.vec(b.gep(gb, [self.c64(F.sc_at + h * NL + V * v)]), self.i8, 1), vf))
+             for v in range(NL // V)]
         acc = self.loaded(acc)
         for r in range(self.mr):
             dxv = self.bcast(b.load(b.gep(self.dbase, [b.add(b.mul(self.c64(r), self.sd), g)])), vf)
             for v in range(NL // V):
                 i = r * (NL // V) + v
-                for h in range(2):
-                    isum = b.sub(iacc[i][h], xsum[r][h])
-                    acc[i] = b.call(self.fma, [b.sitofp(isum, vf), b.fmul(s[h][v], dxv), acc[i]])
+                isum = b.sub(iacc[i][h], xsum[r])
+                acc[i] = b.call(self.fma, [b.sitofp(isum, vf), b.fmul(s[v], dxv), acc[i]])
         return self.stored(acc)

@@ -47,10 +47,16 @@ class Format:
         return 128 if self.name == "q8_0i" else ZERO.get(self.base, 0)
 
     @property
-    def pairs(self) -> bool:
-        """Q6_K's integer-dot layout keeps bits 4 and 5 as 2-bit fields, not as two bit planes: one shift and
-        mask per quad instead of a mask expansion per plane (below)."""
-        return self.int_dot and self.qbits == 6
+    def fields(self) -> int:
+        """The width of the high-bit fields of an integer-dot layout of 5- or 6-bit quants (1 or 2; else 0):
+        bit 4 (and 5) kept as fields of `per_byte` quads in each byte, not as bit planes, so a quad's high bits
+        take one shift and mask (a plane's bits took a mask expansion: vpshufb, vpand, vpcmpeqb on AVX2)."""
+        return self.qbits - 4 if self.int_dot and self.qbits in (5, 6) else 0
+
+    @property
+    def per_byte(self) -> int:
+        """Quads whose high-bit fields share a byte (8 // fields)."""
+        return 8 // self.fields if self.fields else 0
 
     @property
     def nibbles(self) -> bool:
@@ -106,11 +112,10 @@ _FLOAT = (Format("q8_0", 8, False), Format("q4_0", 4, False), Format("q4_1", 4, 
 # group in 8 quads of 4 k's, each quad lane-major with the lane's 4 k's adjacent (what one 32-bit lane
 # of an integer dot product takes): 8-bit: byte u*128 + 4*j + kk holds lane j, k = 4u + kk, as q + 128
 # (0..255, unsigned); 4-bit: byte u*64 + 4*(j % 16) + kk holds lane j's q (0..15) in its low nibble for
-# j < 16, in its high one for j >= 16; 5-bit: those nibbles, then per quad 2 little-endian uint64s (lanes
-# 0..15, 16..31) whose bit 4*(j % 16) + kk is lane j's bit 4 (the byte order of a 64-byte vector);
-# 6-bit: those nibbles, then bits 4 and 5 as 2-bit fields: byte ((u // 4) * 2 + j // 16) * 64 + 4 * (j % 16) + kk
-# holds in its bits 2 * (u % 4) and 2 * (u % 4) + 1 lane j's bits 4 and 5 of k = 4u + kk (4 quads per 64-byte
-# vector; the same 256 bytes as two planes).
+# j < 16, in its high one for j >= 16; 5- and 6-bit: those nibbles, then the high bits as fields of f = qbits - 4 bits (`fields`), 8 / f quads a byte
+# (`per_byte`): byte ((u // per_byte) * 2 + j // 16) * 64 + 4 * (j % 16) + kk holds in its bits f * (u % per_byte)
+# and up lane j's bit 4 (and 5) of k = 4u + kk (5-bit: one 64-byte vector per 16 lanes holds all 8 quads; 6-bit:
+# 4 quads each; the same 128 and 256 bytes as one and two bit planes).
 _INT = tuple(Format(f.name + "i", f.qbits, f.has_min, f.sub_scales, True, f.sc16) for f in _FLOAT)
 LAYOUTS = {f.name: f for f in _FLOAT + _INT}
 GROUP_BYTES = LAYOUTS["q8_0"].record_bytes  # Q8_0 weights are uint8 (nblk, K/QK, GROUP_BYTES)

@@ -21,6 +21,9 @@ from .threads import SERIAL_WORK, TwoBuilds
 # blocks (gate block c at 2c, up block c at 2c + 1, bias (2I,) gate then up), y = silu(gate) * up
 # (SWIGLU), or gelu(gate) * up (GEGLU: Gemma), by expf.gated as rows.gated_mul computes them.
 STORE, ADD = 0, 1  # (SWIGLU, GEGLU: expf's)
+# Rows of a tile's buffer t: a tile's mr rows of outputs, and an AVX2 integer-dot tile's integer accumulators
+# between their widens in rows mr .. 2 mr - 1 (itile.ITile.islot).
+BUF_ROWS = max(MR_MAX, 2 * MR_INT)
 
 
 @njit(inline="always")
@@ -49,7 +52,7 @@ def linear_block(x, w, bias, y, b, mode):
     M = nrows(x)
     n0 = b * NL
     nb = min(NL, y.shape[1] - n0)
-    buf = np.empty((2, MR_MAX, NL), np.float32)
+    buf = np.empty((2, BUF_ROWS, NL), np.float32)
     t = buf[0]
     u = buf[1]  # SWIGLU: the up half
     mr_max = _tile_rows(w)

@@ -100,9 +100,10 @@ def pack_quant(w: quant.Quantized, bias: torch.Tensor | None = None, int_dot: bo
             q = q + np.uint8(128)  # int8 q + 128 as uint8 (wraps: the bits of q + 128 in 0..255)
     if F.nibbles:  # bits 4 (and 5): a plane each, one bit per quant in the layout's order; then the nibbles
         # (a k-row's byte j: lane j low, lane j + 16 high; a quad's 4 bytes of lane j in the same way)
-        if F.pairs:  # (nblk, G, quad set, quad in set, v, lane in v, k in quad) -> 2-bit fields, 4 quads a byte
-            h = (q >> 4).reshape(nblk, G, 2, 4, 2, NL // 2, 4)
-            planes = [sum(h[:, :, :, uu] << np.uint8(2 * uu) for uu in range(4)).astype(np.uint8).reshape(nblk, G, -1)]
+        if F.fields:  # (nblk, G, quad set, quad in set, v, lane in v, k in quad) -> fields, per_byte quads a byte
+            f, per = F.fields, F.per_byte
+            h = (q >> 4).reshape(nblk, G, QK // 4 // per, per, 2, NL // 2, 4)
+            planes = [sum(h[:, :, :, uu] << np.uint8(f * uu) for uu in range(per)).astype(np.uint8).reshape(nblk, G, -1)]
         else:
             planes = [np.packbits((q >> b & 1).reshape(nblk, G, -1), axis=-1, bitorder="little")
                       for b in range(4, F.qbits)]
@@ -149,11 +150,12 @@ def _unpack_quant(data: np.ndarray, fmt: str) -> quant.Quantized:
     else:
         q = raw[:, :, :F.hb_at].reshape(nblk, G, QK, F.row_bytes)
         q = np.concatenate([q & 15, q >> 4], axis=3) if F.nibbles else q.view(np.int8)
-    if F.pairs:  # bits 4 and 5 from their 2-bit fields (layout.py)
-        x = raw[:, :, F.hb_at: F.sc_at].reshape(nblk, G, 2, 1, 2, NL // 2, 4)
-        h = np.concatenate([(x >> np.uint8(2 * uu)) & np.uint8(3) for uu in range(4)], axis=3)
+    if F.fields:  # bits 4 (and 5) from their fields (layout.py)
+        f, per = F.fields, F.per_byte
+        x = raw[:, :, F.hb_at: F.sc_at].reshape(nblk, G, QK // 4 // per, 1, 2, NL // 2, 4)
+        h = np.concatenate([(x >> np.uint8(f * uu)) & np.uint8((1 << f) - 1) for uu in range(per)], axis=3)
         q = q | (h.reshape(q.shape) << np.uint8(4))
-    for b in range(4, F.qbits if F.nibbles and not F.pairs else 4):  # the planes of bits 4 (and 5)
+    for b in range(4, F.qbits if F.nibbles and not F.fields else 4):  # the planes of bits 4 (and 5)
         at = F.hb_at + (b - 4) * (QK * NL // 8)
         q = q | (np.unpackbits(raw[:, :, at: at + QK * NL // 8], axis=-1, bitorder="little").reshape(q.shape) << b)
     if F.int_dot:

@@ -74,7 +74,8 @@ _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9, _t10 = _t
 @njit(inline="always")
 def run_tile(mr, x, m0, w, b, t):
     """t[:mr, :NL] = the FMA chains of rows m0..m0+mr-1 against block b (K >= 1, mr <= MR_MAX); for an
-    integer-dot layout, x is actquant's (q, d, s) and t the combine of itile.py (mr <= MR_INT)."""
+    integer-dot layout, x is actquant's (q, d, s) and t the combine of itile.py (mr <= MR_INT; t has 2 mr rows:
+    the AVX2 tile keeps integer sums in the second mr, linear.BUF_ROWS)."""
     if mr == 1:
         _t1(x, m0, w, b, t)
     elif mr == 2:

@@ -69,7 +69,7 @@ def _embed_impl(table, tokens, x):
     if isinstance(table.dtype, types.Record) or table.dtype == types.uint8:
         name = next(iter(table.dtype.fields)) if isinstance(table.dtype, types.Record) else "q8_0"
         F = LAYOUTS[name]
-        int_dot, bits, has_min, k_quant, sc16, pairs = F.int_dot, F.qbits, F.has_min, F.sub_scales, F.sc16, F.pairs
+        int_dot, bits, has_min, k_quant, sc16, fw, per = F.int_dot, F.qbits, F.has_min, F.sub_scales, F.sc16, F.fields, F.per_byte
         HB, D, M, SC, MN, PLANE = F.hb_at, F.d_at, F.m_at, F.sc_at, F.mn_at, QK * NL // 8
         GROUPS, GB = F.groups, F.group_bytes
         off = F.zero
@@ -97,11 +97,11 @@ def _embed_impl(table, tokens, x):
                         byte = np.int32(grp[at])
                         q = byte >> 4 if j >= NL // 2 else byte & 15
                         i = (kk // 4) * 128 + 64 * (j // (NL // 2)) + 4 * (j % (NL // 2)) + kk % 4 if int_dot else kk * NL + j
-                        if pairs:  # bits 4-5: a 2-bit field (layout.py)
+                        if fw:  # bit 4 (and 5): a field (layout.py)
                             u = kk // 4
-                            at = HB + ((u // 4) * 2 + j // (NL // 2)) * 64 + 4 * (j % (NL // 2)) + kk % 4
-                            q |= ((np.int32(grp[at]) >> (2 * (u % 4))) & 3) << 4
-                        for bit in range(4, 4 if pairs else bits):  # bits 4 (and 5): their planes (layout.py)
+                            at = HB + ((u // per) * 2 + j // (NL // 2)) * 64 + 4 * (j % (NL // 2)) + kk % 4
+                            q |= ((np.int32(grp[at]) >> (fw * (u % per))) & ((1 << fw) - 1)) << 4
+                        for bit in range(4, 4 if fw else bits):  # bits 4 (and 5): their planes (layout.py)
                             at = HB + (bit - 4) * PLANE + i // 8
                             q |= ((np.int32(grp[at]) >> (i % 8)) & 1) << bit
                         if sc16:  # (d * sc) * (q - 32), sc int8 of the group's half
