@@ -33,7 +33,9 @@ from .ftile import V, FTile
 class ITile(FTile):
     """The IR of one integer-dot tile: mr rows, weights of the integer-dot layout `fmt`."""
 
-    def __init__(self, context, builder, signature, args, mr: int, fmt: str):
+    def __init__(self, context, builder, signature, args, mr: int, fmt: str, vs: tuple = tuple(range(NL // V))):
+        """vs: the output vectors of the block it computes (all; a half tile: one, its lanes 16 v ..)."""
+        self.vs = vs
         xv, m0v, wv, bv, tv = args
         xty, _, wty, _, tty = signature.args
         super().__init__(context, builder, signature, args, mr, fmt, with_x=False)
@@ -66,6 +68,11 @@ class ITile(FTile):
             self.psign = cgutils.get_or_insert_function(m, ir.FunctionType(b32, [b32, b32]), "llvm.x86.avx2.psign.b")
             self.pabs = cgutils.get_or_insert_function(m, ir.FunctionType(b32, [b32, ir.IntType(1)]), "llvm.abs.v32i8")
 
+    @property
+    def slots(self) -> list[int]:
+        """The accumulators it computes: i = r * 2 + v for its rows r and vectors v."""
+        return [r * (NL // V) + v for r in range(self.mr) for v in self.vs]
+
     def pin(self, v):
         """v itself, through an empty asm (no instruction; v stays in its register). Pinning each quad's sums
         keeps the schedule quad by quad: without it LLVM's scheduler ran one accumulator through the whole group
@@ -77,7 +84,7 @@ class ITile(FTile):
     def build(self) -> None:
         if not self.mem_acc:
             return super().build()
-        for i in range(self.mr * (NL // V)):
+        for i in self.slots:
             self.b.store(ir.Constant(self.vf, None), self.tslot(i), align=4)
         self.loop(self.n, [], self.record_body)
 
@@ -170,15 +177,16 @@ class ITile(FTile):
                 if line * (QK // 4) // nlines == u:
                     self.prefetch(b.gep(gb, [self.c64(64 * line)]))
             if F.qbits == 8:
-                ws = [b.load(b.bitcast(b.gep(row, [self.c64(4 * V * v)]), self.vb.as_pointer()), align=1)
-                      for v in range(NL // V)]
+                ws = {v: b.load(b.bitcast(b.gep(row, [self.c64(4 * V * v)]), self.vb.as_pointer()), align=1)
+                      for v in self.vs}
             else:
                 packed = b.load(b.bitcast(row, self.vb.as_pointer()), align=1)
-                ws = [b.and_(packed, ir.Constant(self.vb, [15] * (4 * V))), b.lshr(packed, ir.Constant(self.vb, [4] * (4 * V)))]
+                ws = {v: b.and_(packed, ir.Constant(self.vb, [15] * (4 * V))) if v == 0 else
+                      b.lshr(packed, ir.Constant(self.vb, [4] * (4 * V))) for v in self.vs}
                 if F.fields:  # bit 4 (and 5): the field of quad u in its set's v-th 64-byte vector, moved to
                     # bit 4 by one shift (none for the set's quad whose field is there) and masked
                     f, per = F.fields, F.per_byte
-                    for v in range(NL // V):
+                    for v in self.vs:
                         hp = b.gep(gb, [self.c64(F.hb_at + ((u // per) * 2 + v) * 4 * V)])
                         h = b.load(b.bitcast(hp, self.vb.as_pointer()), align=1)
                         sh = 4 - f * (u % per)
@@ -189,7 +197,7 @@ class ITile(FTile):
                         mask = ((1 << f) - 1) << 4
                         ws[v] = b.or_(ws[v], b.and_(h, ir.Constant(self.vb, [mask] * (4 * V))))
                 for bit in range(4, 4 if F.fields else F.qbits):  # bit i of the quad's v-th uint64 in plane `bit`
-                    for v in range(NL // V):
+                    for v in self.vs:
                         hp = b.gep(gb, [self.c64(F.hb_at + (bit - 4) * QK * NL // 8 + u * 2 * 8 + 8 * v)])
                         bits = b.bitcast(b.load(b.bitcast(hp, self.i64.as_pointer()), align=1),
                                          ir.VectorType(ir.IntType(1), 4 * V))
@@ -197,7 +205,7 @@ class ITile(FTile):
             for r in range(self.mr):
                 xq = b.load(b.bitcast(b.gep(xrow[r], [self.c64(4 * u)]), self.i32.as_pointer()), align=1)
                 xb = self.bcast(xq, vi)
-                for v in range(NL // V):
+                for v in self.vs:
                     a = iacc[r * (NL // V) + v]
                     h = u // 4 if F.sc16 else u % nacc  # q6_k: a sum per 16 k's (its own scale)
                     if not cap:
@@ -241,7 +249,7 @@ class ITile(FTile):
             dxv = self.bcast(dx, vf)
             if F.has_min:
                 sxf = self.bcast(b.fmul(dx, b.sitofp(sx, ir.FloatType())), vf)
-            for v in range(NL // V):
+            for v in self.vs:
                 i = r * (NL // V) + v
                 s = isum[i]
                 if offset:
@@ -254,14 +262,17 @@ class ITile(FTile):
 
     def loaded(self, acc: list) -> list:
         """The float accumulators at a group's combine: the phis `acc`, or with mem_acc from t."""
-        return [self.b.load(self.tslot(i), align=4) for i in range(self.mr * (NL // V))] if self.mem_acc else list(acc)
+        if not self.mem_acc:
+            return list(acc)
+        return [self.b.load(self.tslot(i), align=4) if i in self.slots else None for i in range(self.mr * (NL // V))]
 
     def stored(self, acc: list) -> list:
         """After the combine: the new accumulators as phis, or with mem_acc stored back into t (none)."""
         if not self.mem_acc:
             return acc
         for i, a in enumerate(acc):
-            self.b.store(a, self.tslot(i), align=4)
+            if a is not None:
+                self.b.store(a, self.tslot(i), align=4)
         return []
 
     def combine16(self, g, gb, d: list, acc: list, iacc: list, xrow: list, h: int) -> list:
@@ -283,7 +294,7 @@ class ITile(FTile):
         acc = self.loaded(acc)
         for r in range(self.mr):
             dxv = self.bcast(b.load(b.gep(self.dbase, [b.add(b.mul(self.c64(r), self.sd), g)])), vf)
-            for v in range(NL // V):
+            for v in self.vs:
                 i = r * (NL // V) + v
                 isum = b.sub(iacc[i][h], xsum[r])
                 acc[i] = b.call(self.fma, [b.sitofp(isum, vf), b.fmul(s[v], dxv), acc[i]])

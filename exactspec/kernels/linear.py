@@ -11,7 +11,7 @@ from numba.extending import overload
 from . import tile
 from .expf import SWIGLU, fma_ref, gated
 from .actquant import _is_int_dot, act_buffers, acts, nrows
-from .cpu import MR_INT, MR_MAX
+from .cpu import MR_HALF, MR_INT, MR_MAX
 from .layout import NL
 from .pack import PackedWeight
 from .threads import SERIAL_WORK, TwoBuilds
@@ -23,7 +23,7 @@ from .threads import SERIAL_WORK, TwoBuilds
 STORE, ADD = 0, 1  # (SWIGLU, GEGLU: expf's)
 # Rows of a tile's buffer t: a tile's mr rows of outputs, and an AVX2 integer-dot tile's integer accumulators
 # between their widens in rows mr .. 2 mr - 1 (itile.ITile.islot).
-BUF_ROWS = max(MR_MAX, 2 * MR_INT)
+BUF_ROWS = max(MR_MAX, 2 * MR_INT, 2 * MR_HALF)
 
 
 @njit(inline="always")
@@ -38,7 +38,7 @@ def _tile_rows(w):
 
 @overload(_tile_rows)
 def _tile_rows_impl(w):
-    mr = MR_INT if _is_int_dot(w) else MR_MAX
+    mr = MR_HALF if tile.halved(tile._format_of(w.dtype)) else MR_INT if _is_int_dot(w) else MR_MAX
     return lambda w: mr
 
 

@@ -31,12 +31,13 @@ from __future__ import annotations
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
-from .cpu import MR_INT, MR_MAX
+
+from .cpu import HALF_TILES, MR_HALF, MR_INT, MR_MAX
 from .ftile import FTile
 from .itile import ITile
-from .layout import LAYOUTS
+from .layout import LAYOUTS, NL
 
 
 def _format_of(dtype) -> str:
@@ -46,7 +47,19 @@ def _format_of(dtype) -> str:
     return {types.float32: "f32", types.uint16: "bf16", types.uint8: "q8_0"}[dtype]
 
 
-def _make(mr: int):
+def halved(fmt: str) -> bool:
+    """Whether weights of layout fmt run in half tiles of 2 to MR_HALF rows (cpu.HALF_TILES: AVX2's integer
+    dots; one row keeps the whole tile)."""
+    return HALF_TILES and fmt in LAYOUTS and LAYOUTS[fmt].int_dot
+
+
+def _trap(builder) -> None:
+    cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.trap")
+    builder.call(builder.module.get_global("llvm.trap"), [])
+
+
+def _make(mr: int, v: int | None = None):
+    """The tile of mr rows; v: the half tile of output vector v (lanes 16 v .. 16 v + 15) alone."""
     @intrinsic
     def tile(typingctx, x, m0, w, b, t):
         fmt = _format_of(w.dtype)
@@ -55,11 +68,12 @@ def _make(mr: int):
             raise TypeError(f"tile: {fmt} weights take {'(q, d, s) int8 activations' if int_dot else 'float rows'}")
 
         def codegen(context, builder, signature, args):
-            if mr > (MR_INT if int_dot else MR_MAX):  # never called (linear_block's tiles are at most this tall): no code
-                cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.trap")
-                builder.call(builder.module.get_global("llvm.trap"), [])
+            half = halved(fmt)
+            most = MR_HALF if v is not None else 1 if half else MR_INT if int_dot else MR_MAX
+            if (v is not None and not half) or mr > most:
+                _trap(builder)  # never called (linear_block's tiles are at most this tall, halves where halved): no code
             elif int_dot:
-                ITile(context, builder, signature, args, mr, fmt).build()
+                ITile(context, builder, signature, args, mr, fmt, *(() if v is None else ((v,),))).build()
             else:
                 FTile(context, builder, signature, args, mr, fmt).build()
             return context.get_dummy_value()
@@ -69,14 +83,43 @@ def _make(mr: int):
 
 _t = [_make(mr) for mr in range(1, 11)]
 _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9, _t10 = _t
+_h = [[_make(mr, v) for mr in range(2, 5)] for v in range(NL // 16)]
+_h02, _h03, _h04 = _h[0]
+_h12, _h13, _h14 = _h[1]
+
+
+def _halved(w):
+    """halved(w's layout), as a compile-time constant (compiled code only)."""
+
+
+@overload(_halved)
+def _halved_impl(w):
+    h = halved(_format_of(w.dtype))
+    return lambda w: h
+
+
+@njit(inline="always")
+def _run_half(mr, x, m0, w, b, t):
+    # output vector 0's tile, then vector 1's: t[:mr, :16] and t[:mr, 16:]
+    if mr == 2:
+        _h02(x, m0, w, b, t)
+        _h12(x, m0, w, b, t)
+    elif mr == 3:
+        _h03(x, m0, w, b, t)
+        _h13(x, m0, w, b, t)
+    else:
+        _h04(x, m0, w, b, t)
+        _h14(x, m0, w, b, t)
 
 
 @njit(inline="always")
 def run_tile(mr, x, m0, w, b, t):
     """t[:mr, :NL] = the FMA chains of rows m0..m0+mr-1 against block b (K >= 1, mr <= MR_MAX); for an
-    integer-dot layout, x is actquant's (q, d, s) and t the combine of itile.py (mr <= MR_INT; t has 2 mr rows:
-    the AVX2 tile keeps integer sums in the second mr, linear.BUF_ROWS)."""
-    if mr == 1:
+    integer-dot layout, x is actquant's (q, d, s) and t the combine of itile.py (mr <= MR_INT, or MR_HALF for
+    `halved` layouts; t has 2 mr rows: the AVX2 tile keeps integer sums in the second mr, linear.BUF_ROWS)."""
+    if _halved(w) and mr > 1:
+        _run_half(mr, x, m0, w, b, t)
+    elif mr == 1:
         _t1(x, m0, w, b, t)
     elif mr == 2:
         _t2(x, m0, w, b, t)

@@ -130,8 +130,9 @@ _F32 = {"float32": ["vfmadd231ps %zmm", "zmm"], "bfloat16": ["vfmadd231ps %zmm",
 
 # The most vector spills and fills allowed in linear_block, where measured: the AVX2 integer tile without its
 # pinned schedule (itile.ITile.pin) spilled every weight vector (q4_0 567, q8_0 575; pinned 54, 186), and the
-# float tiles taller than MR_MAX, never called, were compiled anyway (1576; as traps 21).
-_SPILLS = {"q4_0": 150, "q8_0": 300, "float32": 100, "bfloat16": 100}
+# float tiles taller than MR_MAX, never called, were compiled anyway (1576; as traps 21); Q6_K kept both halves'
+# integer sums and every widened sum in registers (728; combined by half, widened sums in t, half tiles: 161).
+_SPILLS = {"q4_0": 150, "q8_0": 300, "q6_k": 250, "float32": 100, "bfloat16": 100}
 
 
 @pytest.mark.parametrize("target,want,most_spills", [
