@@ -55,6 +55,8 @@ class ITile(FTile):
         # AVX2: the float accumulators stay in t between groups (16 registers hold a group's int16 sums, the
         # weights and the broadcasts)
         self.mem_acc = MADDUBS
+        # a half tile's accumulators are its own slots of t (FTile.build's phis would store every slot)
+        assert self.mem_acc or len(vs) == NL // V, "half tiles need mem_acc"
         m = builder.module
         if VNNI:
             self.dp = cgutils.get_or_insert_function(m, ir.FunctionType(self.vi, [self.vi] * 3),

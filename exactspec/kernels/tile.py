@@ -33,7 +33,6 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-
 from .cpu import HALF_TILES, MR_HALF, MR_INT, MR_MAX
 from .ftile import FTile
 from .itile import ITile
