@@ -45,11 +45,12 @@ F16C = _target_has(("+f16c",), ("ivybridge", "haswell", "broadwell", "skylake", 
 # 1-row tiles for a while, chosen from a "haswell" build that was AVX-512 code; with AVX2 code, a 1536 x 768 Q8_0
 # weight at 5 / 64 rows takes 0.087-0.099 / 0.94-1.07 ms in 2-row tiles, 0.119-0.160 / 1.31-1.86 in 1-row ones.)
 MR_INT = 6 if _WIDE else 2
-# AVX2: integer-dot tiles of 2 or more rows as half tiles (one output vector of a block, up to MR_HALF rows): a
-# quad's unpacking (2-3x a 4-bit one's for 5- and 6-bit quants, Q8_0's |w|) shared by twice the rows in the same
-# 16 registers (tile.py). A 1536 x 768 weight at 64 rows: Q5_0 0.84 -> 0.62 ms, Q6_K 1.2 -> 0.9, Q8_0 0.89 -> 0.69,
-# 4-bit about the same; one row keeps the whole tile (a 4-bit row measured 0.015 -> 0.019 ms in two halves).
-HALF_TILES = MADDUBS
+# AVX2 and AVX-VNNI (16 ymm registers): integer-dot tiles of 2 or more rows as half tiles (one output vector of a
+# block, up to MR_HALF rows): a quad's unpacking (2-3x a 4-bit one's for 5- and 6-bit quants, Q8_0's |w|) shared by
+# twice the rows in the same registers (tile.py). A 1536 x 768 weight at 64 rows, AVX2: Q5_0 0.84 -> 0.62 ms, Q6_K
+# 1.2 -> 0.9, Q8_0 0.89 -> 0.69, 4-bit about the same; AVX-VNNI: Q5_0 0.79 -> 0.58, Q4_K 0.55 -> 0.49, the rest about
+# the same. One row keeps the whole tile (a 4-bit row measured 0.015 -> 0.019 ms in two halves).
+HALF_TILES = MADDUBS or AVXVNNI
 MR_HALF = 4
 
 

@@ -17,7 +17,8 @@ was AVX-512 code then: a 1536 x 768 weight at 64 rows 0.76 -> 0.62 ms on Q4_1; a
 AVX-VNNI) each quad's sums are pinned (`pin`) so that LLVM schedules quad by quad. Then the group's float
 combine (actquant.py's docstring), the same fixed sequence of operations for every row count, tile height,
 thread count and CPU. A tile has at most cpu.MR_INT rows: each row holds its float and its integer accumulators
-in registers (AVX2: its float ones in the tile's buffer between groups, `mem_acc`).
+in registers (AVX2, AVX-VNNI: its float ones in the tile's buffer between groups, `mem_acc`; from 2 rows
+on, half tiles of one output vector and up to cpu.MR_HALF rows, tile.py).
 """
 from __future__ import annotations
 
@@ -52,9 +53,9 @@ class ITile(FTile):
         # AVX2: quads whose pair sums add up in int16 before one `vpmaddwd` (|sum| <= cap * 2 * umax * 127 < 2^15:
         # 4-bit 8 * 2 * 15 * 127 = 30480, 5-bit 4 * 2 * 31 * 127, 6-bit 2 * 2 * 63 * 127, 8-bit (|w| <= 128) 1)
         self.cap = {4: 8, 5: 4, 6: 2, 8: 1}[LAYOUTS[fmt].qbits] if MADDUBS else 0
-        # AVX2: the float accumulators stay in t between groups (16 registers hold a group's int16 sums, the
-        # weights and the broadcasts)
-        self.mem_acc = MADDUBS
+        # 16 registers (AVX2, AVX-VNNI): the float accumulators stay in t between groups (the registers hold a
+        # group's integer sums, the weights and the broadcasts; half tiles store only their own slots)
+        self.mem_acc = MADDUBS or AVXVNNI
         # a half tile's accumulators are its own slots of t (FTile.build's phis would store every slot)
         assert self.mem_acc or len(vs) == NL // V, "half tiles need mem_acc"
         m = builder.module
