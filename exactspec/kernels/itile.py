@@ -124,10 +124,9 @@ class ITile(FTile):
         return self.join(*[b.add(a, b.call(self.maddwd, [p, ones])) for a, p in zip(self.split(acc, 8), p16)])
 
     def islot(self, i: int):
-        """AVX2: where integer accumulator i waits between its widens (t's rows mr .. 2 mr - 1: linear.py's
-        tile buffer has them)."""
-        p = self.b.gep(self.t, [self.c64(self.mr * NL + (i // (NL // V)) * NL + (i % (NL // V)) * V)])
-        return self.b.bitcast(p, self.vi.as_pointer())
+        """AVX2: where integer accumulator i waits between its widens: accumulator i's slot mr rows down in t
+        (rows mr .. 2 mr - 1: linear.py's tile buffer has them)."""
+        return self.b.bitcast(self.tslot(i + self.mr * (NL // V)), self.vi.as_pointer())
 
     def widen_stashed(self, i: int, acc, p16: list, last: bool):
         """widen, with the integer accumulator i in memory between the widens of a chain (a 5-, 6- or 8-bit

@@ -112,10 +112,11 @@ _FLOAT = (Format("q8_0", 8, False), Format("q4_0", 4, False), Format("q4_1", 4, 
 # group in 8 quads of 4 k's, each quad lane-major with the lane's 4 k's adjacent (what one 32-bit lane
 # of an integer dot product takes): 8-bit: byte u*128 + 4*j + kk holds lane j, k = 4u + kk, as q + 128
 # (0..255, unsigned); 4-bit: byte u*64 + 4*(j % 16) + kk holds lane j's q (0..15) in its low nibble for
-# j < 16, in its high one for j >= 16; 5- and 6-bit: those nibbles, then the high bits as fields of f = qbits - 4 bits (`fields`), 8 / f quads a byte
-# (`per_byte`): byte ((u // per_byte) * 2 + j // 16) * 64 + 4 * (j % 16) + kk holds in its bits f * (u % per_byte)
-# and up lane j's bit 4 (and 5) of k = 4u + kk (5-bit: one 64-byte vector per 16 lanes holds all 8 quads; 6-bit:
-# 4 quads each; the same 128 and 256 bytes as one and two bit planes).
+# j < 16, in its high one for j >= 16; 5- and 6-bit: those nibbles, then the high bits as fields of
+# f = qbits - 4 bits (`fields`), 8 / f quads a byte (`per_byte`): byte ((u // per_byte) * 2 + j // 16) * 64 +
+# 4 * (j % 16) + kk holds in its bits f * (u % per_byte) and up lane j's bit 4 (and 5) of k = 4u + kk (5-bit: one
+# 64-byte vector per 16 lanes holds all 8 quads; 6-bit: 4 quads each; the same 128 and 256 bytes as one and two
+# bit planes).
 _INT = tuple(Format(f.name + "i", f.qbits, f.has_min, f.sub_scales, True, f.sc16) for f in _FLOAT)
 LAYOUTS = {f.name: f for f in _FLOAT + _INT}
 GROUP_BYTES = LAYOUTS["q8_0"].record_bytes  # Q8_0 weights are uint8 (nblk, K/QK, GROUP_BYTES)

@@ -34,7 +34,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .cpu import HALF_TILES, MR_HALF, MR_INT, MR_MAX
-from .ftile import FTile
+from .ftile import V, FTile
 from .itile import ITile
 from .layout import LAYOUTS, NL
 
@@ -47,8 +47,8 @@ def _format_of(dtype) -> str:
 
 
 def halved(fmt: str) -> bool:
-    """Whether weights of layout fmt run in half tiles of 2 to MR_HALF rows (cpu.HALF_TILES: AVX2's integer
-    dots; one row keeps the whole tile)."""
+    """Whether weights of layout fmt run in half tiles of 2 to MR_HALF rows (cpu.HALF_TILES: the integer dots of
+    AVX2 and AVX-VNNI; one row keeps the whole tile)."""
     return HALF_TILES and fmt in LAYOUTS and LAYOUTS[fmt].int_dot
 
 
@@ -58,7 +58,7 @@ def _trap(builder) -> None:
 
 
 def _make(mr: int, v: int | None = None):
-    """The tile of mr rows; v: the half tile of output vector v (lanes 16 v .. 16 v + 15) alone."""
+    """The tile of mr rows; v: the half tile of output vector v (lanes V v .. V v + V - 1) alone."""
     @intrinsic
     def tile(typingctx, x, m0, w, b, t):
         fmt = _format_of(w.dtype)
@@ -82,7 +82,7 @@ def _make(mr: int, v: int | None = None):
 
 _t = [_make(mr) for mr in range(1, 11)]
 _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8, _t9, _t10 = _t
-_h = [[_make(mr, v) for mr in range(2, 5)] for v in range(NL // 16)]
+_h = [[_make(mr, v) for mr in range(2, MR_HALF + 1)] for v in range(NL // V)]
 _h02, _h03, _h04 = _h[0]
 _h12, _h13, _h14 = _h[1]
 

@@ -69,7 +69,8 @@ def _embed_impl(table, tokens, x):
     if isinstance(table.dtype, types.Record) or table.dtype == types.uint8:
         name = next(iter(table.dtype.fields)) if isinstance(table.dtype, types.Record) else "q8_0"
         F = LAYOUTS[name]
-        int_dot, bits, has_min, k_quant, sc16, fw, per = F.int_dot, F.qbits, F.has_min, F.sub_scales, F.sc16, F.fields, F.per_byte
+        int_dot, bits, has_min, k_quant, sc16 = F.int_dot, F.qbits, F.has_min, F.sub_scales, F.sc16
+        fw, per = F.fields, F.per_byte  # high-bit fields (5-, 6-bit integer-dot layouts)
         HB, D, M, SC, MN, PLANE = F.hb_at, F.d_at, F.m_at, F.sc_at, F.mn_at, QK * NL // 8
         GROUPS, GB = F.groups, F.group_bytes
         off = F.zero
