@@ -19,7 +19,7 @@ import time
 import weakref
 import bisect
 import math
-from typing import Callable
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -30,6 +30,7 @@ FAR = 512  # the longer context the verify costs are measured at
 _MEASURED = (1, 2, 3, 5, 9, MAX_K + 1)  # row counts timed; the others interpolated
 _COSTS: "weakref.WeakKeyDictionary[Transformer, tuple]" = weakref.WeakKeyDictionary()
 _ONE_ROW: "weakref.WeakKeyDictionary[Transformer, float]" = weakref.WeakKeyDictionary()
+_ROW: "weakref.WeakKeyDictionary[Transformer, float]" = weakref.WeakKeyDictionary()
 _ATTENTION: "weakref.WeakKeyDictionary[Transformer, float]" = weakref.WeakKeyDictionary()
 DRIFT_DECAY = 0.9  # a drift follows about the last 10 steps
 DRIFT_PRIOR = 3.0  # the calibration counts as this many steps
@@ -99,6 +100,15 @@ def one_row_seconds(net: Transformer) -> float:
     if net not in _ONE_ROW:
         _ONE_ROW[net] = _seconds(net, 1)
     return _ONE_ROW[net]
+
+
+def row_seconds(net: Transformer) -> float:
+    """A further row's seconds in a forward of many at position 32 (a forward of 33 rows less one of 1, over
+    32): what a drafter pays per token it catches up on (committed tokens it has not fed yet)."""
+    if net not in _ROW:
+        one, many = interleaved([_probe(net, 1), _probe(net, 33)])
+        _ROW[net] = max(many - one, 0.0) / 32
+    return _ROW[net]
 
 
 def _far(net: Transformer) -> int:
@@ -193,17 +203,42 @@ def seen(net: Transformer) -> "Acceptance":
     return _SEEN[net]
 
 
-def calibrated(net: Transformer) -> bool:
-    """Whether the one-row forward of net was timed (observations before it are not taken: timing it in the
-    middle of a step that asked for no cost would cost that step)."""
-    return net in _ONE_ROW
+_SEEN_LOOKUPS: "weakref.WeakKeyDictionary[Transformer, ByEvidence]" = weakref.WeakKeyDictionary()
 
 
-def observe_drafting(net: Transformer, seconds: float, forwards: int, calibrated: float | None) -> None:
-    """A drafter (a draft model, a head: `net`) took `seconds` for `forwards` draft forwards, each
-    calibrated at `calibrated` seconds (None: not calibrated, so nothing is learned)."""
+def seen_lookups(net: Transformer) -> "ByEvidence":
+    """Lookup drafts' acceptance by evidence over the recent verify steps of every sequence the target `net`
+    wrote: where a new sequence's starts (`ByEvidence.starting_from`), as `seen` is for a drafting model.
+    (From the fixed priors every short chat paid its first drafts of each class: at the AVX2 level, where a
+    verified row costs ~0.5 of a forward, the demo's lookup lost 4% that way.)"""
+    if net not in _SEEN_LOOKUPS:
+        _SEEN_LOOKUPS[net] = ByEvidence()
+    return _SEEN_LOOKUPS[net]
+
+
+def calibration(net: Transformer) -> tuple[float, float] | None:
+    """A draft model's calibrated (one-row forward, further row) seconds, if both were timed (observations
+    before are not taken: timing it in the middle of a step that asked for no cost would cost that step)."""
+    return (_ONE_ROW[net], _ROW[net]) if net in _ONE_ROW and net in _ROW else None
+
+
+def observe_drafting(net: Transformer, seconds: float, forwards: int, rows: int,
+                     calibrated: tuple[float, float] | None) -> None:
+    """A drafter (a draft model, a head: `net`) took `seconds` for `forwards` draft forwards of `rows` rows in
+    all, calibrated at (a one-row forward, a further row) seconds (None: not calibrated, nothing is learned).
+    Rows past one a forward are its catch-up (the committed tokens it has not fed: after a pause, tens of
+    them in its first forward) and other sequences' rows: priced per row, they are not drift of its step."""
     if forwards and calibrated:
-        draft_drift(net).add(0, seconds / forwards, calibrated)
+        step, row = calibrated
+        draft_drift(net).add(0, seconds, forwards * step + max(rows - forwards, 0) * row)
+
+
+class DraftCost(NamedTuple):
+    """A model drafter's costs in one-row target forwards as the loop runs them: `per_draft` a draft token's
+    step, `per_token` each committed token it feeds later past the one a step's first forward holds (the
+    states of accepted drafts, the tokens committed while it paused). Lookups and predictions: nothing."""
+    per_draft: float = 0.0
+    per_token: float = 0.0
 
 
 def step_seconds(net: Transformer) -> float:
@@ -225,15 +260,18 @@ def verify_costs(net: Transformer, context: int = 32) -> np.ndarray:
     return np.maximum.accumulate(np.maximum(c, 1.0))
 
 
-def tokens_per_time(alpha: float, costs: np.ndarray, per_draft: float, max_k: int = MAX_K) -> np.ndarray:
-    """[k] for k in 0..max_k: a verify of k drafts' expected tokens (1 + alpha + ... + alpha^k) over its cost."""
+def tokens_per_time(alpha: float, costs: np.ndarray, per_draft: float, max_k: int = MAX_K,
+                    per_token: float = 0.0) -> np.ndarray:
+    """[k] for k in 0..max_k: a verify of k drafts' expected tokens (1 + alpha + ... + alpha^k) over its cost:
+    the forward, k draft steps, and (k > 0) the drafter's catch-up on all but one of those tokens (DraftCost)."""
     k = np.arange(min(max_k, len(costs) - 1) + 1)
-    return np.cumsum(alpha ** k) / (costs[k] + k * per_draft)
+    tokens = np.cumsum(alpha ** k)
+    return tokens / (costs[k] + k * per_draft + (k > 0) * (tokens - 1.0) * per_token)
 
 
-def best_k(alpha: float, costs: np.ndarray, per_draft: float, max_k: int = MAX_K) -> int:
+def best_k(alpha: float, costs: np.ndarray, per_draft: float, max_k: int = MAX_K, per_token: float = 0.0) -> int:
     """The k in 0..max_k with the most expected tokens per unit of time."""
-    return int(np.argmax(tokens_per_time(alpha, costs, per_draft, max_k)))
+    return int(np.argmax(tokens_per_time(alpha, costs, per_draft, max_k, per_token)))
 
 
 def best_siblings(alpha: float, rate: float, k: int, most: int, costs: np.ndarray, drafting: float) -> int:
@@ -281,8 +319,13 @@ PRIORS = (0.3, 0.6, 0.8, 0.8, 0.9, 0.95)
 class ByEvidence:
     """A sequence's acceptance of lookup drafts per class of evidence (the match length)."""
 
-    def __init__(self) -> None:
-        self.acc = [Acceptance(p) for p in PRIORS]
+    def __init__(self, priors: Sequence[float] = PRIORS) -> None:
+        self.acc = [Acceptance(p) for p in priors]
+
+    @classmethod
+    def starting_from(cls, seen: "ByEvidence") -> "ByEvidence":
+        """A new sequence's: each class's prior is its acceptance in `seen` (earlier sequences)."""
+        return cls([a.alpha for a in seen.acc])
 
     @staticmethod
     def of(m: int) -> int:

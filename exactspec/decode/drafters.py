@@ -24,8 +24,8 @@ from numba import njit
 from .. import kernels as K
 from ..errors import InvalidRequest
 from ..model.transformer import Rows, Transformer
-from .cost import (Acceptance, ByEvidence, calibrated, draft_drift, observe_drafting, one_row_seconds, seen,
-                   step_seconds, tokens_per_time, verify_costs)
+from .cost import (Acceptance, ByEvidence, DraftCost, calibration, draft_drift, observe_drafting, one_row_seconds,
+                   row_seconds, seen, seen_lookups, step_seconds, tokens_per_time, verify_costs)
 from .policy import Backoff
 from .sampling import SamplingParams, pick
 
@@ -64,6 +64,14 @@ class Drafter:
     def cost_per_token(self, target: Transformer) -> float:
         """Drafting one token, in units of one target forward of one row (lookups: nothing)."""
         return 0.0
+
+    def catch_up(self, target: Transformer) -> float:
+        """Feeding a committed token it has not seen (past the one each step's first forward holds: the
+        accepted drafts, the tokens committed while it paused), in the same unit (lookups: nothing)."""
+        return 0.0
+
+    def cost(self, target: Transformer) -> DraftCost:
+        return DraftCost(self.cost_per_token(target), self.catch_up(target))
 
     @property
     def seen(self) -> Acceptance | None:
@@ -269,7 +277,7 @@ class DraftModelDrafter(Drafter):
         if not (0.0 <= confidence < 1.0):
             raise InvalidRequest(f"draft_confidence={confidence!r}: must be in [0, 1)", "draft_confidence")
         self.model, self.confidence = model, confidence
-        self.forward_passes = 0
+        self.forward_passes = self.rows_fed = 0
 
     def begin(self, n_slots: int, capacity: int) -> None:
         self.cache = self.model.new_cache(n_slots, capacity)
@@ -283,7 +291,12 @@ class DraftModelDrafter(Drafter):
     def cost_per_token(self, target: Transformer) -> float:
         """A draft forward as drafting pays it (its calibrated forward times its drift: the tokens it feeds,
         its pick) over a one-row forward of the target as the loop runs it."""
+        row_seconds(self.model)  # calibrated beside it: observe_drafting needs both
         return one_row_seconds(self.model) * draft_drift(self.model).factor(0) / step_seconds(target)
+
+    def catch_up(self, target: Transformer) -> float:
+        """A further row of its forward (calibrated, times its drift) over a one-row target forward in use."""
+        return row_seconds(self.model) * draft_drift(self.model).factor(0) / step_seconds(target)
 
     def release(self, slot: int) -> None:
         self.cached[slot].clear()
@@ -291,10 +304,10 @@ class DraftModelDrafter(Drafter):
         self.cache.release(slot)
 
     def propose(self, slots, seqs, ks, params) -> list[list[int]]:
-        t, before = time.perf_counter(), self.forward_passes
+        t, before, fed = time.perf_counter(), self.forward_passes, self.rows_fed
         out = self._propose(slots, seqs, ks, params)
         observe_drafting(self.model, time.perf_counter() - t, self.forward_passes - before,  # (cost_per_token)
-                         one_row_seconds(self.model) if calibrated(self.model) else None)
+                         self.rows_fed - fed, calibration(self.model))
         return out
 
     def _propose(self, slots, seqs, ks, params) -> list[list[int]]:
@@ -319,6 +332,7 @@ class DraftModelDrafter(Drafter):
                 c.extend(feed[i])
             logits = rows.forward(self.model, self.cache)
             self.forward_passes += 1
+            self.rows_fed += len(rows.tok)
             probs = K.softmax(logits) if self.confidence > 0 else None
             nxt = []
             for r, i in enumerate(live):
@@ -357,14 +371,14 @@ class MixDrafter(Drafter):
     def begin(self, n_slots: int, capacity: int) -> None:
         self.lookups.begin(n_slots, capacity)
         self.model.begin(n_slots, capacity)
-        self.acc = [(ByEvidence(), Acceptance()) for _ in range(n_slots)]  # (lookup, model) per slot
+        self.acc = [self._fresh() for _ in range(n_slots)]  # (lookup, model) per slot
         self.last: list[tuple[int, int, list[int], int] | None] = [None] * n_slots  # (source, len(seq), draft, m)
         self.idle, self.backoff = [0] * n_slots, [Backoff() for _ in range(n_slots)]  # steps not asked; the wait
 
     def release(self, slot: int) -> None:
         self.lookups.release(slot)
         self.model.release(slot)
-        self.acc[slot], self.last[slot] = (ByEvidence(), Acceptance()), None
+        self.acc[slot], self.last[slot] = self._fresh(), None
         self.idle[slot], self.backoff[slot] = 0, Backoff()
 
     def observe(self, slot: int, start: int, hidden: np.ndarray) -> None:
@@ -373,9 +387,17 @@ class MixDrafter(Drafter):
     def cost_per_token(self, target: Transformer) -> float:
         return self.model.cost_per_token(target)
 
+    def catch_up(self, target: Transformer) -> float:
+        return self.model.catch_up(target)
+
     def alternatives(self, slot: int) -> list[int]:
         last = self.last[slot]
         return self.model.alternatives(slot) if last is not None and last[0] == 1 else []
+
+    def _fresh(self) -> tuple[ByEvidence, Acceptance]:
+        """A new sequence's acceptances: where the earlier sequences' left them (cost.seen_lookups, cost.seen)."""
+        model = self.model.seen
+        return ByEvidence.starting_from(seen_lookups(self.target)), Acceptance(0.5 if model is None else model.alpha)
 
     def _learn(self, slot: int, seq: list[int]) -> None:
         """What the last proposal for slot got accepted: its agreement with the tokens that followed."""
@@ -386,10 +408,13 @@ class MixDrafter(Drafter):
         a = next((i for i, (x, y) in enumerate(zip(draft, got)) if x != y), min(len(draft), len(got)))
         if src:
             self.acc[slot][1].add(len(draft), a)
+            if self.model.seen is not None:
+                self.model.seen.add(len(draft), a)
             if a:
                 self.backoff[slot].reset()
         else:
             self.acc[slot][0].add(m, len(draft), a)
+            seen_lookups(self.target).add(m, len(draft), a)
         self.last[slot] = None
 
     def choose(self, slot: int, free_len: int, m: int, k: int, context: int = 32) -> tuple[int, int]:
@@ -400,7 +425,8 @@ class MixDrafter(Drafter):
         lookups, model = self.acc[slot]
         n = lookups.length(m, free_len, costs) if free_len else 0
         free = tokens_per_time(lookups.alpha(m), costs, 0.0, n)[n]
-        value = tokens_per_time(model.alpha, costs, self.cost_per_token(self.target), k)[1:]
+        c = self.cost(self.target)
+        value = tokens_per_time(model.alpha, costs, c.per_draft, k, c.per_token)[1:]
         best = int(np.argmax(value)) if len(value) else -1
         return (0, best + 1) if best >= 0 and value[best] > free else (n, 0)
 

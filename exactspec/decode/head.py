@@ -24,6 +24,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -130,8 +131,8 @@ def shipped_head(target: Transformer, tokenizer: Tokenizer | None) -> Path | Non
     return None
 
 
-_COST: "weakref.WeakKeyDictionary[Head, float]" = weakref.WeakKeyDictionary()
-_SECONDS: "weakref.WeakKeyDictionary[Head, float]" = weakref.WeakKeyDictionary()  # its calibrated draft step
+_COST: "weakref.WeakKeyDictionary[Head, tuple]" = weakref.WeakKeyDictionary()  # (a step, a further row) / a forward
+_SECONDS: "weakref.WeakKeyDictionary[Head, tuple]" = weakref.WeakKeyDictionary()  # the same in seconds
 
 
 class HeadDrafter(Drafter):
@@ -145,7 +146,7 @@ class HeadDrafter(Drafter):
     def __init__(self, head: Head, target: Transformer):
         self.head, self.target = head, target
         self.H = target.cfg.hidden_size
-        self.forward_passes = 0
+        self.forward_passes = self.rows_fed = 0
         self.first_row: dict[int, tuple[torch.Tensor, int]] = {}  # slot -> its last draft's first logits row and pick
 
     @property
@@ -200,6 +201,7 @@ class HeadDrafter(Drafter):
         hidden = np.empty((len(rows.tok), self.H), np.float32)
         logits = rows.forward(self.head.net, self.cache, x_in=x, hidden=hidden)
         self.forward_passes += 1
+        self.rows_fed += len(rows.tok)
         return logits, hidden[rows.out]
 
     def _pick(self, logits: torch.Tensor, p: SamplingParams, hist: list[int]) -> int:
@@ -213,10 +215,10 @@ class HeadDrafter(Drafter):
 
     def propose(self, slots: list[int], seqs: list[list[int]], ks: list[int],
                 params: list[SamplingParams]) -> list[list[int]]:
-        t, before = time.perf_counter(), self.forward_passes
+        t, before, fed = time.perf_counter(), self.forward_passes, self.rows_fed
         out = self._propose(slots, seqs, ks, params)
         observe_drafting(self.head.net, time.perf_counter() - t, self.forward_passes - before,  # (cost_per_token)
-                         _SECONDS.get(self.head))
+                         self.rows_fed - fed, _SECONDS.get(self.head))
         return out
 
     def _propose(self, slots: list[int], seqs: list[list[int]], ks: list[int],
@@ -264,17 +266,27 @@ class HeadDrafter(Drafter):
 
     def cost_per_token(self, target: Transformer) -> float:
         """One draft step of one row (fc, the layer, the restricted head) over a target forward of one row."""
+        return self._costs(target)[0]
+
+    def catch_up(self, target: Transformer) -> float:
+        """A further row of its first forward (a state it catches up on) over a target forward of one row."""
+        return self._costs(target)[1]
+
+    def _costs(self, target: Transformer) -> tuple[float, float]:
         if self.head not in _COST:
             probe = HeadDrafter(self.head, target)  # its own cache: this drafter's slots stay as they are
             probe.begin(1, 64)
             probe.observe(0, 0, np.zeros((40, self.H), np.float32))
             probe.propose([0], [[1] * 41], [1], [SamplingParams()])  # the 39 entries before the timed one
 
-            def step() -> None:  # one draft token after the last true state
-                probe.fed[0] = 39
-                probe.propose([0], [[1] * 41], [1], [SamplingParams()])
-            head, row = interleaved([step, one_row(target)])  # side by side: a slow spell hits both
-            _COST[self.head], _SECONDS[self.head] = head / row, head
-        # times its drift in use (the states it catches up on after forced text or a long accept), over a
-        # one-row forward as the loop runs it
-        return _COST[self.head] * draft_drift(self.head.net).factor(0) / drifts(target).factor(0)
+            def step(fed: int) -> Callable[[], None]:  # one draft token after 40 - fed states to feed
+                def run() -> None:
+                    probe.fed[0] = fed
+                    probe.propose([0], [[1] * 41], [1], [SamplingParams()])
+                return run
+            one, many, row = interleaved([step(39), step(7), one_row(target)])  # side by side: a slow spell hits all
+            _SECONDS[self.head] = (one, max(many - one, 0.0) / 32)
+            _COST[self.head] = (one / row, _SECONDS[self.head][1] / row)
+        # times its drift in use, over a one-row forward as the loop runs it
+        f = draft_drift(self.head.net).factor(0) / drifts(target).factor(0)
+        return _COST[self.head][0] * f, _COST[self.head][1] * f

@@ -19,7 +19,7 @@ import torch
 
 from .chunking import Chunker
 from .constraint import Matcher, masked
-from .cost import observe_step, verify_costs
+from .cost import DraftCost, observe_step, seen_lookups, verify_costs
 from .drafters import Drafter, from_prediction
 from ..errors import GenerationError, InvalidRequest
 from ..kernels.attention import BLOCK
@@ -81,7 +81,8 @@ class Batch:
         forced = req.constraint is not None  # forced text: free drafts (decode/constraint.py)
         free = self.drafter.free if self.drafter is not None else bool(req.prediction) or forced
         policy = Policy(req.draft_len, drafting=self.drafter is not None or bool(req.prediction) or forced, free=free,
-                        seen=self.drafter.seen if self.drafter is not None else None)
+                        seen=self.drafter.seen if self.drafter is not None else None,
+                        seen_lookups=seen_lookups(self.target) if self.drafter is not None else None)
         s = SeqState(req, self._free.pop(), list(req.prompt), policy, tag)
         policy.begin(self._per_draft, lambda: self._costs(s))
         if forced:
@@ -219,7 +220,7 @@ class Batch:
         self.chunker.measure()
         verify_costs(self.target)
         if self.drafter is not None:
-            self.drafter.cost_per_token(self.target)
+            self.drafter.cost(self.target)
 
     def _accept(self, new: list[SeqState], old: list[SeqState], drafts: list[list[int]],
                 logits: torch.Tensor, busy: list[bool], hidden: np.ndarray | None = None
@@ -317,9 +318,9 @@ class Batch:
             if s.matcher.done:
                 return out, j + 1, allowed
 
-    def _per_draft(self) -> float:
-        """The drafter's cost per draft token, in one-row forwards (0 without one)."""
-        return self.drafter.cost_per_token(self.target) if self.drafter is not None else 0.0
+    def _per_draft(self) -> DraftCost:
+        """The drafter's costs per draft token and per token it catches up on, in one-row forwards (0 without one)."""
+        return self.drafter.cost(self.target) if self.drafter is not None else DraftCost()
 
     def _commit(self, s: SeqState, new: list[int], rows: torch.Tensor, allowed: list[np.ndarray] | None = None
                 ) -> list[int]:

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from .cost import PAUSE_MAX, Acceptance, ByEvidence, best_k, best_siblings
+from .cost import PAUSE_MAX, Acceptance, ByEvidence, DraftCost, best_k, best_siblings
 from .request import DraftLength
 
 
@@ -60,11 +60,15 @@ class Policy:
     # the drafter's acceptance over every sequence's recent steps (Drafter.seen): a new sequence starts from
     # it, not from a blind 0.5 (a draft model accepted 35% of the time lost 3% in its first steps of each chat)
     seen: Acceptance | None = None
+    # lookup drafts' acceptance by evidence over every sequence's recent steps (cost.seen_lookups): the same
+    seen_lookups: ByEvidence | None = None
 
     def __post_init__(self) -> None:
         self.k = self.length.k0 if self.drafting else 0
         if self.seen is not None:
             self.acceptance = Acceptance(prior=self.seen.alpha)
+        if self.seen_lookups is not None:
+            self.by_evidence = ByEvidence.starting_from(self.seen_lookups)
 
     @property
     def asks_most(self) -> bool:
@@ -101,10 +105,10 @@ class Policy:
         """How many of the drafter's runners-up for the first of n draft tokens to verify beside them."""
         return best_siblings(self.acceptance.alpha, self.sibling_rate.alpha, n, most, costs, drafting)
 
-    def learn(self, proposed: int, accepted: int, per_draft: Callable[[], float],
+    def learn(self, proposed: int, accepted: int, per_draft: Callable[[], DraftCost],
               costs: Callable[[], np.ndarray]) -> None:
         """After a verify of `proposed` draft tokens of which `accepted` were the target's: the next k
-        and pause. per_draft(): the drafter's cost per token; costs(): the verify costs at this length."""
+        and pause. per_draft(): the drafter's costs; costs(): the verify costs at this length."""
         L = self.length
         if L.dynamic and proposed:
             self.k = min(L.max_k, self.k + 2) if accepted == proposed else max(1, self.k - 1)
@@ -116,23 +120,25 @@ class Policy:
             return
         if self.evidence is not None and self.evidence >= 0:
             self.by_evidence.add(self.evidence, proposed, accepted)
+            if self.seen_lookups is not None:
+                self.seen_lookups.add(self.evidence, proposed, accepted)
         elif L.auto:
             self.acceptance.add(proposed, accepted)
             if self.seen is not None and not self.predicted:
                 self.seen.add(proposed, accepted)
             if self.asks_most:  # free drafts are asked for the most every step and cut (`take`)
                 return
-            self._choose(per_draft() if not self.predicted else 0.0, costs())
+            self._choose(per_draft() if not self.predicted else DraftCost(), costs())
 
-    def begin(self, per_draft: Callable[[], float], costs: Callable[[], np.ndarray]) -> None:
+    def begin(self, per_draft: Callable[[], DraftCost], costs: Callable[[], np.ndarray]) -> None:
         """Before the first step: with auto and a model drafter that drafted for earlier sequences, the
         first k from its acceptance there (`seen`), not a blind 4."""
         known = self.seen is not None and self.seen.accepted + self.seen.rejected > 0
         if self.length.auto and self.drafting and not self.free and known:
             self._choose(per_draft(), costs())
 
-    def _choose(self, per_draft: float, costs: np.ndarray) -> None:
-        k = best_k(self.acceptance.alpha, costs, per_draft, self.length.max_k)
+    def _choose(self, cost: DraftCost, costs: np.ndarray) -> None:
+        k = best_k(self.acceptance.alpha, costs, cost.per_draft, self.length.max_k, cost.per_token)
         if k:
             self.k = k
             self.backoff.reset()

@@ -129,6 +129,26 @@ def test_a_repeated_proposal_drafts_the_same(trained):
     assert len(first[0]) == 4 and d.propose([0], [seq], [4], [SamplingParams()]) == first
 
 
+def test_the_head_reports_the_rows_it_catches_up_on(trained, monkeypatch):
+    """Its first forward feeds every state it has not fed (after a pause: tens): cost.observe_drafting
+    is told the rows, so they are priced per row, not booked as drift of its one-row step."""
+    from exactspec.decode import head as head_module
+    from exactspec.decode.sampling import SamplingParams
+    m, out, _ = trained
+    d = HeadDrafter(m.head(str(out)), m.net)
+    d.begin(1, 128)
+    seq = PROMPTS[2]
+    rows = Rows()
+    rows.add(0, seq[:-1], 0, logits_from=0)
+    hidden = np.empty((len(seq) - 1, m.cfg.hidden_size), np.float32)
+    rows.forward(m.net, m.net.new_cache(1, 128), hidden=hidden)
+    d.observe(0, 0, hidden)
+    seen = []
+    monkeypatch.setattr(head_module, "observe_drafting", lambda net, s, forwards, rows, cal: seen.append((forwards, rows)))
+    d.propose([0], [seq], [3], [SamplingParams()])
+    assert seen == [(3, len(seq) - 1 + 2)]  # every state, then one row a draft
+
+
 def test_head_with_chunked_prompts_prefix_hits_and_one_thread(trained):
     m, out, _ = trained
     head = m.head(str(out))

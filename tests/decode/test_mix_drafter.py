@@ -3,7 +3,7 @@ each source's acceptance measured online (fixed verify costs here: no timing in 
 import numpy as np
 import pytest
 
-from exactspec.decode import drafters
+from exactspec.decode import cost, drafters
 from exactspec.decode.drafters import Drafter, LookupDrafter, MixDrafter
 from exactspec.decode.sampling import SamplingParams
 
@@ -24,10 +24,14 @@ class Model(Drafter):
         return self.cost
 
 
+class Target:
+    """A stand-in for the target model: a key for what its sequences' lookups were seen to do (cost.seen_lookups)."""
+
+
 @pytest.fixture
 def mix(monkeypatch):
     monkeypatch.setattr(drafters, "verify_costs", lambda net, context=32: COSTS)
-    m = MixDrafter(LookupDrafter(), Model(0.05), target=None)
+    m = MixDrafter(LookupDrafter(), Model(0.05), target=Target())
     m.begin(2, 64)
     return m
 
@@ -72,8 +76,9 @@ def test_it_learns_each_source_from_the_tokens_that_followed(mix):
     seq += [9, 9, 4, 5]  # both of the model's accepted; nothing to look up after "4, 5"
     assert mix.propose([0], [seq], [8], p) == [[9] * mix.model.asked[-1]]
     assert mix.acc[0][1].alpha > 0.8 and mix.model.asked[-1] >= 4
-    mix.release(0)
-    assert mix.acc[0][0].alpha(2) == 0.6 and mix.last[0] is None
+    mix.release(0)  # the slot's next sequence starts from what the earlier ones saw (cost.seen_lookups, seen)
+    seen = cost.seen_lookups(mix.target)
+    assert mix.acc[0][0].alpha(2) == seen.alpha(2) < 0.6 and mix.acc[0][0].alpha(3) == 0.8 and mix.last[0] is None
 
 
 def test_a_model_not_worth_asking_is_asked_for_one_token_now_and_then(mix):
