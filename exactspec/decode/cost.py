@@ -35,7 +35,9 @@ _ATTENTION: "weakref.WeakKeyDictionary[Transformer, float]" = weakref.WeakKeyDic
 DRIFT_DECAY = 0.9  # a drift follows about the last 10 steps
 DRIFT_PRIOR = 3.0  # the calibration counts as this many steps
 DECAY = 0.8  # acceptance is counted over about the last 1 / (1 - DECAY) = 5 verify steps
-PAUSE_MAX = 32  # k = 0 pauses drafting for 1, 2, 4, ... 32 steps, then probes with one draft
+PAUSE_MAX = 32  # k = 0 pauses drafting for 1, 2, 4, ... 32 steps (or longer: probe_pause), then probes with one draft
+PROBE_SHARE = 0.02  # a paused drafter's probe may cost at most this share of the steps it waited
+NEVER = 1 << 30  # a pause for the rest of the sequence
 
 
 def fastest(run: Callable[[], object], repeat: int = 3) -> float:
@@ -272,6 +274,20 @@ def tokens_per_time(alpha: float, costs: np.ndarray, per_draft: float, max_k: in
 def best_k(alpha: float, costs: np.ndarray, per_draft: float, max_k: int = MAX_K, per_token: float = 0.0) -> int:
     """The k in 0..max_k with the most expected tokens per unit of time."""
     return int(np.argmax(tokens_per_time(alpha, costs, per_draft, max_k, per_token)))
+
+
+def probe_pause(alpha: float, costs: np.ndarray, cost: DraftCost) -> int:
+    """Steps to wait before probing a model drafter not worth its cost with one draft token: enough that the
+    probe's expected loss (a verify of 2 rows and a draft step, against the plain steps of its 1 + alpha
+    tokens) and its catch-up on every token committed while it waited (cost.per_token each) stay within
+    PROBE_SHARE of the waited steps' time. NEVER when the catch-up alone costs more than that share: waiting
+    longer does not help, as the catch-up grows with the wait (a bfloat16 draft model at the AVX2 level, 0.045
+    of a forward a token, probed every 32 steps at 15% acceptance cost the demo 5-10%). The next sequence
+    starts from the acceptance seen (`seen`)."""
+    room = PROBE_SHARE * costs[0] - cost.per_token
+    if room <= 0:
+        return NEVER
+    return math.ceil(max(costs[1] + cost.per_draft - (1.0 + alpha) * costs[0], 0.0) / room)
 
 
 def best_siblings(alpha: float, rate: float, k: int, most: int, costs: np.ndarray, drafting: float) -> int:

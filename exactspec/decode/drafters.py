@@ -25,7 +25,7 @@ from .. import kernels as K
 from ..errors import InvalidRequest
 from ..model.transformer import Rows, Transformer
 from .cost import (Acceptance, ByEvidence, DraftCost, calibration, draft_drift, observe_drafting, one_row_seconds,
-                   row_seconds, seen, seen_lookups, step_seconds, tokens_per_time, verify_costs)
+                   probe_pause, row_seconds, seen, seen_lookups, step_seconds, tokens_per_time, verify_costs)
 from .policy import Backoff
 from .sampling import SamplingParams, pick
 
@@ -355,9 +355,9 @@ class MixDrafter(Drafter):
     the verify cost of k + 1 rows and the model's cost per draft token (lookups cost nothing to ask, so they
     are asked first, every step). The lookup's L tokens of evidence m are worth their best first n
     (1 + a + ... + a^n tokens for costs[n]); the model's best k' <= k, 1 + m + ... + m^k' for costs[k'] +
-    k' x its cost per token; drafting nothing, 1 token for costs[0]. The best of the three is done; a model
-    not worth asking is still asked for one token after 1, 2, 4, ... 32 steps (its acceptance may have
-    changed). It prices its own drafts: with num_draft_tokens="auto" the loop asks for the most tokens."""
+    k' x its cost per token (and its catch-up, cost.DraftCost); drafting nothing, 1 token for costs[0]. The best
+    of the three is done; a model not worth asking is still asked for one token after 1, 2, 4, ... 32 steps, or
+    as long as makes that probe cheap (cost.probe_pause): its acceptance may have changed. It prices its own drafts: with num_draft_tokens="auto" the loop asks for the most tokens."""
     free = True
 
     def __init__(self, lookups: LookupDrafter, model: Drafter, target: Transformer):
@@ -442,7 +442,8 @@ class MixDrafter(Drafter):
             out[i] = out[i][:n]
             if not n and not want[i]:  # neither pays: the model is asked for one token now and then
                 self.idle[s] += 1
-                if self.idle[s] >= self.backoff[s].next:
+                wait = probe_pause(self.acc[s][1].alpha, verify_costs(self.target, len(seq)), self.cost(self.target))
+                if self.idle[s] >= max(self.backoff[s].next, wait):
                     want[i], self.idle[s] = 1, 0
                     self.backoff[s].pause()
         ask = [i for i, w in enumerate(want) if w]

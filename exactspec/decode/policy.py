@@ -13,7 +13,8 @@ before the forward, and `learn` after the verify. The rules, by `num_draft_token
   which prices its own) are asked for max_k tokens every step and cut by the sequence's acceptance of
   drafts with the same evidence; for a model drafter, the k with the most expected tokens per unit of
   time from the sequence's acceptance, its cost per token and the measured verify costs; none worth
-  it: pause 1, 2, 4 ... 32 steps, then probe with one token.
+  it: pause 1, 2, 4 ... 32 steps, or as long as makes the probe and its catch-up cheap (cost.probe_pause),
+  then probe with one token.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from .cost import PAUSE_MAX, Acceptance, ByEvidence, DraftCost, best_k, best_siblings
+from .cost import PAUSE_MAX, Acceptance, ByEvidence, DraftCost, best_k, best_siblings, probe_pause
 from .request import DraftLength
 
 
@@ -142,5 +143,5 @@ class Policy:
         if k:
             self.k = k
             self.backoff.reset()
-        else:  # none worth drafting: pause, then probe with one token
-            self.k, self.skip = 1, self.backoff.pause()
+        else:  # none worth drafting: pause, then probe with one token (not before the probe is cheap enough)
+            self.k, self.skip = 1, max(self.backoff.pause(), probe_pause(self.acceptance.alpha, costs, cost))

@@ -82,14 +82,31 @@ def test_it_learns_each_source_from_the_tokens_that_followed(mix):
 
 
 def test_a_model_not_worth_asking_is_asked_for_one_token_now_and_then(mix):
+    """A probe after 1, 2, 4 ... idle steps, or after as many as make its expected loss (a 2-row verify and a
+    draft step against the plain steps of its 1 + alpha tokens) at most cost.PROBE_SHARE of their time."""
     mix.model.cost = 0.5
     for _ in range(8):
         mix.acc[0][1].add(3, 0)
     assert mix.choose(0, 0, 0, 8) == (0, 0)  # drafting is worth less than a plain step
+    wait = cost.probe_pause(mix.acc[0][1].alpha, COSTS, cost.DraftCost(0.5, 0.0))
+    assert wait == 23  # (1.05 + 0.5 - 1.097) / 0.02
     seq, asked = [1, 2, 3, 4], []
-    for _ in range(15):
+    for _ in range(60):
         before = len(mix.model.asked)
         mix.propose([0], [seq], [8], [SamplingParams()])
         asked.append(mix.model.asked[-1] if len(mix.model.asked) > before else 0)
         seq = seq + [100 + len(seq)]  # never the model's 9: each probe is rejected
+    at = [i for i, a in enumerate(asked) if a]
+    assert at[0] == wait - 1 and all(asked[i] == 1 for i in at) and 2 <= len(at) and at[1] - at[0] >= wait
+    mix.model.cost = 0.05  # cheap drafts: the backoff's 1, 2, 4 ... (a probe's loss is small)
+    for _ in range(8):
+        mix.acc[1][1].add(3, 0)
+    seq, asked = [1, 2, 3, 4], []
+    for _ in range(15):
+        before = len(mix.model.asked)
+        mix.propose([1], [seq], [8], [SamplingParams()])
+        asked.append(mix.model.asked[-1] if len(mix.model.asked) > before else 0)
+        seq = seq + [100 + len(seq)]
     assert asked == [1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1]  # after 1, 2, 4, 8 steps
+
+

@@ -1,4 +1,6 @@
 """The exactness matrix: speculative decoding never changes the tokens, greedy or seeded sampling."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -92,6 +94,7 @@ def test_auto_draft_length_by_cost(pair, monkeypatch):
     # chosen depends on the acceptance only, not on this machine's timings
     monkeypatch.setattr(loop, "verify_costs", lambda net, context=32: flat)
     monkeypatch.setattr(DraftModelDrafter, "cost_per_token", lambda self, target: 0.3)
+    monkeypatch.setattr(DraftModelDrafter, "catch_up", lambda self, target: 0.0)
     monkeypatch.setitem(cost._SEEN, draft.net, Acceptance())  # no sequence drafted for yet (other tests share it)
     # an unrelated draft model: drafting all but stops (probes after growing pauses); tokens unchanged
     plain = target.generate(PROMPTS[2], N_NEW, ignore_eos=True).token_ids
@@ -216,6 +219,18 @@ def test_a_drafters_catch_up_is_priced_per_row_not_as_drift(pair, monkeypatch):
     t = d.propose([0], [seq], [1], [SamplingParams()])[0]
     d.propose([0], [seq + t + [7]], [2], [SamplingParams()])
     assert seen == [(1, len(seq)), (2, 3)]  # the whole prompt; then [t, 7] and the first draft fed
+    # a paused drafter is probed when the probe and its catch-up on the waited steps cost at most
+    # PROBE_SHARE of their time; never again in the sequence when the catch-up alone costs more
+    costs = 1.0 + 0.5 * np.arange(17.0)  # a verify row half a forward (the AVX2 level)
+    assert cost.probe_pause(0.5, costs, cost.DraftCost(0.0, 0.0)) == 0  # a probe that pays: no wait
+    assert cost.probe_pause(0.15, costs, cost.DraftCost(0.15, 0.01)) == math.ceil(0.5 / (0.02 - 0.01))
+    assert cost.probe_pause(0.15, costs, cost.DraftCost(0.15, 0.045)) == cost.NEVER
+    p = Policy(DraftLength("auto"), drafting=True)
+    p.learn(4, 0, lambda: cost.DraftCost(0.15, 0.045), lambda: costs)
+    assert p.skip == cost.NEVER and p.ask(lambda k: k) == 0
+    p = Policy(DraftLength("auto"), drafting=True)
+    p.learn(4, 0, lambda: cost.DraftCost(0.0, 0.0), lambda: costs)
+    assert p.skip == math.ceil(0.25 / 0.02)  # at acceptance 0.25 a probe loses 0.25 of a forward
     rising = 1.0 + 0.1 * np.arange(17.0)
     assert best_k(0.8, rising, 0.05, per_token=0.3) == 4 < best_k(0.8, rising, 0.05) == 5
     v, w = cost.tokens_per_time(0.8, rising, 0.05), cost.tokens_per_time(0.8, rising, 0.05, per_token=0.3)
