@@ -32,11 +32,13 @@ thread count or the CPU. How that is achieved:
 Rooms: `quant` (each format's weight value), `layout` (the packed byte layout), `cpu` (what the
 target has: speed only), `tile` (the register tile in LLVM IR), `pack` (weights into that layout),
 `linear`, `actquant` (int8 activations; its vector loop: `actvec`), `itile` (the integer-dot tile),
-`rows` (norms, SwiGLU and GeGLU, rotary, softmax), `moe` (a mixture of experts' routing), `attention` (its vector loops: `attnvec`), `expf`, `threads`
+`rows` (norms, SwiGLU and GeGLU, rotary, softmax), `moe` (a mixture of experts' routing), `attention` (its vector loops: `attnvec`), `expf`, `powf` (RoPE's
+theta ** (2i / d), SLEEF's float32 pow bit for bit), `threads`
 (pool size, serial/parallel builds).
 """
 from .attention import BLOCK, as_numpy, attention, attention_ref
 from .expf import GEGLU, SWIGLU, fma_ref
+from .powf import pow_rope
 from .linear import ADD, STORE, linear, linear_np, linear_ref
 from .moe import route, route_ref
 from .pack import PackedWeight, pack_quant, pack_weight, packed_shape
@@ -47,6 +49,7 @@ from .cpu import MR_MAX
 from .layout import NL
 
 __all__ = ["BLOCK", "as_numpy", "attention", "attention_ref", "ADD", "GEGLU", "STORE", "SWIGLU", "fma_ref", "linear", "linear_np", "linear_ref",
+           "pow_rope",
            "route", "route_ref", "PackedWeight", "pack_quant", "pack_weight", "packed_shape", "cumsum", "gated_mul", "gelu_mul", "gelu_mul_ref", "log_softmax", "qkv_rope_cache", "rmsnorm",
            "rmsnorm_np", "rmsnorm_ref", "rope_table", "silu_mul", "silu_mul_np", "silu_mul_ref", "softmax",
            "SERIAL_WORK", "TwoBuilds", "set_num_threads", "MR_MAX", "NL"]

@@ -264,10 +264,12 @@ def _rope_table(inv_freq, n_pos, cos, sin):
     return cos
 
 
-def rope_table(inv_freq: torch.Tensor, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """inv_freq (D/2,) float32 -> cos, sin (n_pos, D) float32 (halves repeated, HF layout)."""
-    d = 2 * inv_freq.shape[0]
+def rope_table(inv_freq: "np.ndarray | torch.Tensor", n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """inv_freq (D/2,) float32 (an array, or a CPU tensor) -> cos, sin (n_pos, D) float32 (halves repeated, HF
+    layout)."""
+    f = np.ascontiguousarray(np.asarray(inv_freq, np.float32))
+    d = 2 * f.shape[0]
     cos = torch.empty(n_pos, d)
     sin = torch.empty(n_pos, d)
-    _rope_table(inv_freq.float().contiguous().numpy(), n_pos, cos.numpy(), sin.numpy())
+    _rope_table(f, n_pos, cos.numpy(), sin.numpy())
     return cos, sin

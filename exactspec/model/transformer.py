@@ -60,35 +60,39 @@ class Rows:
         return net.forward(int64s(self.tok), int64s(self.slot), int64s(self.pos), cache, int64s(self.out), x_in, hidden)
 
 
-def inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
+def inv_freq(cfg: ModelConfig, local: bool = False) -> np.ndarray:
     """RoPE inverse frequencies (D/2,) float32: theta^(-2i/D), divided by each frequency's factor where
-    the RoPE is scaled. Llama 3.x's factors are the ones llama.cpp's converter writes into a GGUF file's
-    rope_freqs tensor (`llama3_factors`), so a HF folder and its GGUF give the same bits (transformers
-    scales the frequencies by the same formula in another order: ~1 ulp apart in the blended band).
-    local: the windowed layers' own table (Gemma 3: rope_local_theta, never scaled)."""
+    the RoPE is scaled. theta^(2i/D) is our own float32 pow (kernels/powf.py: the bits torch's vectorized pow
+    gave on AVX2 and AVX-512, now on every CPU). Llama 3.x's factors are the ones llama.cpp's converter writes
+    into a GGUF file's rope_freqs tensor (`llama3_factors`), so a HF folder and its GGUF give the same bits
+    (transformers scales the frequencies by the same formula in another order: ~1 ulp apart in the blended
+    band). Every other step is one IEEE float32 operation, as torch did them (tests/model/test_rope.py keeps
+    the torch version as the twin). local: the windowed layers' own table (Gemma 3: rope_local_theta, never
+    scaled)."""
     d = cfg.head_dim
     theta = cfg.rope_local_theta if local else cfg.rope_theta
-    f = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    f = np.float32(1.0) / K.pow_rope(theta, np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / np.float32(d))
     s = cfg.rope_scaling
     if s is None or local:
         return f
     if "linear" in s:
-        return f / s["linear"]
-    factors = torch.tensor(s["freq_factors"], dtype=torch.float32) if "freq_factors" in s else llama3_factors(f, s)
+        return f / np.float32(s["linear"])
+    factors = np.asarray(s["freq_factors"], np.float32) if "freq_factors" in s else llama3_factors(f, s)
     return f / factors
 
 
-def llama3_factors(f: torch.Tensor, s: dict) -> torch.Tensor:
+def llama3_factors(f: np.ndarray, s: dict) -> np.ndarray:
     """Llama 3.x's divisor of each frequency f (float32 arithmetic): 1 for short wavelengths, `factor`
     for long ones, and between them 1 / ((1 - smooth) / factor + smooth), smooth rising linearly in
-    original_max_position_embeddings / wavelength from low_freq_factor to high_freq_factor."""
+    original_max_position_embeddings / wavelength from low_freq_factor to high_freq_factor. (Each Python
+    number meets the float32 array as a float32, as in torch.)"""
+    F32 = np.float32
     ctx, low, high, factor = (s["original_max_position_embeddings"], s["low_freq_factor"], s["high_freq_factor"],
                               s["factor"])
-    wl = 2 * math.pi / f
-    smooth = (ctx / wl - low) / (high - low)
-    blended = 1 / ((1 - smooth) / factor + smooth)
-    return torch.where(wl < ctx / high, torch.ones_like(f), torch.where(wl > ctx / low, torch.full_like(f, factor),
-                                                                         blended))
+    wl = F32(2 * math.pi) / f
+    smooth = (F32(ctx) / wl - F32(low)) / F32(high - low)
+    blended = F32(1) / ((F32(1) - smooth) / F32(factor) + smooth)
+    return np.where(wl < F32(ctx / high), F32(1), np.where(wl > F32(ctx / low), F32(factor), blended)).astype(F32)
 
 
 ROPE_START = 1024  # positions the RoPE tables cover at load (they grow as positions demand)
