@@ -417,15 +417,16 @@ class MixDrafter(Drafter):
             seen_lookups(self.target).add(m, len(draft), a)
         self.last[slot] = None
 
-    def choose(self, slot: int, free_len: int, m: int, k: int, context: int = 32) -> tuple[int, int]:
+    def choose(self, slot: int, free_len: int, m: int, k: int, context: int = 32, costs: np.ndarray | None = None,
+               cost: DraftCost | None = None) -> tuple[int, int]:
         """(how many of the lookup's free_len tokens of evidence m to verify, how many tokens to ask the
         model for): at most one of them not 0; both 0: drafting is worth less than a plain step. For a
-        sequence of `context` tokens."""
-        costs = verify_costs(self.target, context)
+        sequence of `context` tokens (`costs`: its verify costs, `cost`: the model's, if known)."""
+        costs = verify_costs(self.target, context) if costs is None else costs
+        c = self.cost(self.target) if cost is None else cost
         lookups, model = self.acc[slot]
         n = lookups.length(m, free_len, costs) if free_len else 0
         free = tokens_per_time(lookups.alpha(m), costs, 0.0, n)[n]
-        c = self.cost(self.target)
         value = tokens_per_time(model.alpha, costs, c.per_draft, k, c.per_token)[1:]
         best = int(np.argmax(value)) if len(value) else -1
         return (0, best + 1) if best >= 0 and value[best] > free else (n, 0)
@@ -435,15 +436,16 @@ class MixDrafter(Drafter):
             self._learn(s, seq)
         out = self.lookups.propose(slots, seqs, ks, params)
         want = [0] * len(seqs)
+        c = self.cost(self.target)  # once a step: every sequence's choice reads it
         for i, (s, seq, k) in enumerate(zip(slots, seqs, ks)):
             if k <= 0:
                 continue
-            n, want[i] = self.choose(s, len(out[i]), self.lookups.evidence(s) or 0, k, len(seq))
+            costs = verify_costs(self.target, len(seq))
+            n, want[i] = self.choose(s, len(out[i]), self.lookups.evidence(s) or 0, k, costs=costs, cost=c)
             out[i] = out[i][:n]
             if not n and not want[i]:  # neither pays: the model is asked for one token now and then
                 self.idle[s] += 1
-                wait = probe_pause(self.acc[s][1].alpha, verify_costs(self.target, len(seq)), self.cost(self.target))
-                if self.idle[s] >= max(self.backoff[s].next, wait):
+                if self.idle[s] >= max(self.backoff[s].next, probe_pause(self.acc[s][1].alpha, costs, c)):
                     want[i], self.idle[s] = 1, 0
                     self.backoff[s].pause()
         ask = [i for i, w in enumerate(want) if w]
