@@ -15,7 +15,8 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .decode.drafters import DraftModelDrafter, Drafter, LookupDrafter, MixDrafter, NgramPool, PoolDrafter
+from .decode.drafters import DraftModelDrafter, Drafter, LookupDrafter, NgramPool, PoolDrafter
+from .decode.mix import MixDrafter
 from .decode.constraint import Grammar, Vocab, make_grammar
 from .decode.head import Head, HeadDrafter, load_head, shipped_head
 from .decode.loop import run_batch

@@ -115,18 +115,24 @@ def test_tree_verification_changes_speed_never_tokens(trained, monkeypatch):
     assert sorted(batch._helpers) == [3, 4, 5] and batch.cache.blocks_used == batch.prefix.blocks
 
 
-def test_a_repeated_proposal_drafts_the_same(trained):
-    """Proposed for twice without a verify between (the loop retries a failed step alone): the same drafts."""
-    from exactspec.decode.sampling import SamplingParams
+def observed(trained, seq: list[int]) -> HeadDrafter:
+    """A head drafter in slot 0 that has seen the target's states of seq's committed positions."""
     m, out, _ = trained
     d = HeadDrafter(m.head(str(out)), m.net)
     d.begin(1, 128)
-    seq = PROMPTS[2]
     rows = Rows()
     rows.add(0, seq[:-1], 0, logits_from=0)
     hidden = np.empty((len(seq) - 1, m.cfg.hidden_size), np.float32)
     rows.forward(m.net, m.net.new_cache(1, 128), hidden=hidden)
     d.observe(0, 0, hidden)
+    return d
+
+
+def test_a_repeated_proposal_drafts_the_same(trained):
+    """Proposed for twice without a verify between (the loop retries a failed step alone): the same drafts."""
+    from exactspec.decode.sampling import SamplingParams
+    seq = PROMPTS[2]
+    d = observed(trained, seq)
     first = d.propose([0], [seq], [4], [SamplingParams()])
     assert len(first[0]) == 4 and d.propose([0], [seq], [4], [SamplingParams()]) == first
 
@@ -136,15 +142,8 @@ def test_the_head_reports_the_rows_it_catches_up_on(trained, monkeypatch):
     is told the rows, so they are priced per row, not booked as drift of its one-row step."""
     from exactspec.decode import head as head_module
     from exactspec.decode.sampling import SamplingParams
-    m, out, _ = trained
-    d = HeadDrafter(m.head(str(out)), m.net)
-    d.begin(1, 128)
     seq = PROMPTS[2]
-    rows = Rows()
-    rows.add(0, seq[:-1], 0, logits_from=0)
-    hidden = np.empty((len(seq) - 1, m.cfg.hidden_size), np.float32)
-    rows.forward(m.net, m.net.new_cache(1, 128), hidden=hidden)
-    d.observe(0, 0, hidden)
+    d = observed(trained, seq)
     seen = []
     monkeypatch.setattr(head_module, "observe_drafting", lambda net, s, forwards, rows, cal: seen.append((forwards, rows)))
     d.propose([0], [seq], [3], [SamplingParams()])

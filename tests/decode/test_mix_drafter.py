@@ -3,8 +3,10 @@ each source's acceptance measured online (fixed verify costs here: no timing in 
 import numpy as np
 import pytest
 
-from exactspec.decode import cost, drafters
-from exactspec.decode.drafters import Drafter, LookupDrafter, MixDrafter
+from exactspec.decode import cost
+from exactspec.decode import mix as mix_module
+from exactspec.decode.drafters import Drafter, LookupDrafter
+from exactspec.decode.mix import MixDrafter
 from exactspec.decode.sampling import SamplingParams
 
 COSTS = np.array([1.0, 1.05, 1.1, 1.15, 1.2] + [1.2 + 0.2 * i for i in range(1, 13)])
@@ -30,7 +32,7 @@ class Target:
 
 @pytest.fixture
 def mix(monkeypatch):
-    monkeypatch.setattr(drafters, "verify_costs", lambda net, context=32: COSTS)
+    monkeypatch.setattr(mix_module, "verify_costs", lambda net, context=32: COSTS)
     m = MixDrafter(LookupDrafter(), Model(0.05), target=Target())
     m.begin(2, 64)
     return m
