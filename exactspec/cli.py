@@ -179,6 +179,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
     from . import load, set_num_threads
     from .decode.drafters import is_named
+    from .kernels.threads import main_thread_serial
     from .serve.app import serve
     from .serve.options import ServeOptions
     if a.model is None:  # the demo's model, as `exactspec demo` fetches it
@@ -198,12 +199,13 @@ def cmd_serve(a: argparse.Namespace) -> int:
             from .serve import ray as exact_ray
         except ImportError as e:
             raise ExactSpecError(f"--ray needs Ray Serve: pip install 'exactspec[ray]' ({e})") from None
-    model = load(a.model, dtype=a.dtype, max_context=a.max_context, quantize=a.quantize, activations=a.activations,
-                 kv_dtype=a.kv_dtype)
-    draft = None
-    if a.draft is not None and not is_named(a.draft):
-        draft = load(a.draft, dtype=a.dtype, max_context=model.net.max_context, quantize=a.quantize,
+    with main_thread_serial():  # the kernels run on the engine thread; a pool here would make two (threads.py)
+        model = load(a.model, dtype=a.dtype, max_context=a.max_context, quantize=a.quantize,
                      activations=a.activations, kv_dtype=a.kv_dtype)
+        draft = None
+        if a.draft is not None and not is_named(a.draft):
+            draft = load(a.draft, dtype=a.dtype, max_context=model.net.max_context, quantize=a.quantize,
+                         activations=a.activations, kv_dtype=a.kv_dtype)
     name = a.name or Path(a.model).name.removesuffix(".gguf")
     if a.ray:
         scaling = exact_ray.Scaling(a.replicas, a.max_replicas, a.cpus_per_replica)

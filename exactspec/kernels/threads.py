@@ -45,6 +45,22 @@ def torch_serial() -> Iterator[None]:
         torch.set_num_threads(n)
 
 
+@contextlib.contextmanager
+def main_thread_serial() -> Iterator[None]:
+    """numba's and torch's kernels on one thread inside the block: for a server's main thread, which loads the
+    model and then leaves every kernel to the engine thread. A parallel kernel run here (packing weights, the
+    RoPE tables) would give this thread an OpenMP pool of its own; with more pool threads than cores libgomp's
+    workers stop spinning and every parallel launch of the engine pays a futex wake-up (measured 2026-12-08 on
+    2 cores: `exactspec serve` 77 tok/s where the library gives 260)."""
+    n = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        with torch_serial():
+            yield
+    finally:
+        numba.set_num_threads(n)
+
+
 class TwoBuilds:
     """A parallel kernel and the same source compiled without threads, for calls too small to pay
     a thread-pool wake-up: `run(work, limit, *args)` takes the serial build below `limit`

@@ -70,3 +70,30 @@ def test_loading_a_model_or_head_starts_no_thread_pool(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     before, after = map(int, out.stdout.split())
     assert after == before, (before, after)
+
+
+
+def test_the_server_loads_with_serial_kernels(folder, monkeypatch):
+    """`exactspec serve` loads under kernels.threads.main_thread_serial: the load's parallel kernels (the RoPE
+    tables, packing) ran on the main thread with 2 threads and gave it an OpenMP pool beside the engine
+    thread's; with more pool threads than cores every kernel launch paid a futex wake-up, and `exactspec serve`
+    decoded 77 tok/s where the library gave 260 (2 cores, 2026-12-08; 228 with the guard)."""
+    import torch
+    from exactspec import cli
+
+    seen = []
+
+    class Loaded(Exception):
+        pass
+
+    def load(*a, **kw):
+        seen.append((numba.get_num_threads(), torch.get_num_threads()))
+        raise Loaded
+    monkeypatch.setattr(exactspec, "load", load)
+    try:
+        cli.main(["serve", "--model", str(folder), "--threads", "2", "--port", "0"])
+    except Loaded:
+        pass
+    assert seen == [(1, 1)]
+    assert numba.get_num_threads() == 2  # and the setting is back for the engine thread to take over
+    exactspec.set_num_threads(numba.config.NUMBA_NUM_THREADS)
