@@ -248,10 +248,8 @@ def write_gguf(sd: dict, path: Path, c: dict, qtype: str = "BF16") -> None:
             w.add_tensor(name, bits, raw_dtype=gguf.GGMLQuantizationType.BF16)
 
     if (c.get("rope_scaling") or {}).get("rope_type") == "llama3":  # the converter's rope_freqs tensor
-        from exactspec.kernels import pow_rope
-        from exactspec.model.transformer import llama3_factors
-        d = c["hidden_size"] // Hq
-        f = np.float32(1) / pow_rope(c["rope_theta"], np.arange(0, d, 2).astype(np.float32) / np.float32(d))
+        from exactspec.model.transformer import llama3_factors, rope_frequencies
+        f = rope_frequencies(c["rope_theta"], c["hidden_size"] // Hq)
         w.add_tensor("rope_freqs.weight", llama3_factors(f, c["rope_scaling"]))
     put("token_embd.weight", sd["model.embed_tokens.weight"])
     put("output_norm.weight", sd["model.norm.weight"])

@@ -206,13 +206,13 @@ def cmd_serve(a: argparse.Namespace) -> int:
         if a.draft is not None and not is_named(a.draft):
             draft = load(a.draft, dtype=a.dtype, max_context=model.net.max_context, quantize=a.quantize,
                          activations=a.activations, kv_dtype=a.kv_dtype)
-    name = a.name or Path(a.model).name.removesuffix(".gguf")
-    if a.ray:
-        scaling = exact_ray.Scaling(a.replicas, a.max_replicas, a.cpus_per_replica)
-        exact_ray.run(model, name, a.host, a.port, draft if draft is not None else a.draft, a.num_draft_tokens, opts,
-                      scaling, a.ray_address)
-        return 0
-    drafter = model.make_drafter(a.draft if is_named(a.draft) else draft)
+        name = a.name or Path(a.model).name.removesuffix(".gguf")
+        if a.ray:
+            scaling = exact_ray.Scaling(a.replicas, a.max_replicas, a.cpus_per_replica)
+            exact_ray.run(model, name, a.host, a.port, draft if draft is not None else a.draft, a.num_draft_tokens,
+                          opts, scaling, a.ray_address)
+            return 0
+        drafter = model.make_drafter(a.draft if is_named(a.draft) else draft)  # a head's weights are packed here
     serve(model, name, a.host, a.port, drafter, a.num_draft_tokens, opts)
     return 0
 

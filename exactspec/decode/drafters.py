@@ -290,7 +290,6 @@ class DraftModelDrafter(Drafter):
     def cost_per_token(self, target: Transformer) -> float:
         """A draft forward as drafting pays it (its calibrated forward times its drift: the tokens it feeds,
         its pick) over a one-row forward of the target as the loop runs it."""
-        row_seconds(self.model)  # calibrated beside it: observe_drafting needs both
         return one_row_seconds(self.model) * draft_drift(self.model).factor(0) / step_seconds(target)
 
     def catch_up(self, target: Transformer) -> float:

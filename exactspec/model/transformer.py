@@ -60,6 +60,11 @@ class Rows:
         return net.forward(int64s(self.tok), int64s(self.slot), int64s(self.pos), cache, int64s(self.out), x_in, hidden)
 
 
+def rope_frequencies(theta: float, d: int) -> np.ndarray:
+    """theta^(-2i/d) for i < d/2, float32, unscaled (`inv_freq`)."""
+    return np.float32(1.0) / K.pow_rope(theta, np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / np.float32(d))
+
+
 def inv_freq(cfg: ModelConfig, local: bool = False) -> np.ndarray:
     """RoPE inverse frequencies (D/2,) float32: theta^(-2i/D), divided by each frequency's factor where
     the RoPE is scaled. theta^(2i/D) is our own float32 pow (kernels/powf.py: the bits torch's vectorized pow
@@ -69,9 +74,7 @@ def inv_freq(cfg: ModelConfig, local: bool = False) -> np.ndarray:
     band). Every other step is one IEEE float32 operation, as torch did them (tests/model/test_rope.py keeps
     the torch version as the twin). local: the windowed layers' own table (Gemma 3: rope_local_theta, never
     scaled)."""
-    d = cfg.head_dim
-    theta = cfg.rope_local_theta if local else cfg.rope_theta
-    f = np.float32(1.0) / K.pow_rope(theta, np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / np.float32(d))
+    f = rope_frequencies(cfg.rope_local_theta if local else cfg.rope_theta, cfg.head_dim)
     s = cfg.rope_scaling
     if s is None or local:
         return f

@@ -6,6 +6,7 @@ threads) decoded at half the library's speed on 2 cores."""
 import threading
 
 import httpx
+import pytest
 import numba
 
 import exactspec
@@ -77,23 +78,30 @@ def test_the_server_loads_with_serial_kernels(folder, monkeypatch):
     """`exactspec serve` loads under kernels.threads.main_thread_serial: the load's parallel kernels (the RoPE
     tables, packing) ran on the main thread with 2 threads and gave it an OpenMP pool beside the engine
     thread's; with more pool threads than cores every kernel launch paid a futex wake-up, and `exactspec serve`
-    decoded 77 tok/s where the library gave 260 (2 cores, 2026-12-08; 228 with the guard)."""
+    decoded 77 tok/s where the library gave 260 (2 cores, 2026-12-08; 228 with the guard). The drafter too (a
+    head's weights are packed as it loads)."""
     import torch
     from exactspec import cli
+    from exactspec.api import Model
 
-    seen = []
+    seen, real = [], exactspec.load
 
     class Loaded(Exception):
         pass
 
     def load(*a, **kw):
-        seen.append((numba.get_num_threads(), torch.get_num_threads()))
+        seen.append(("load", numba.get_num_threads(), torch.get_num_threads()))
+        return real(*a, **kw)
+
+    def make_drafter(self, *a, **kw):  # where a head's weights are loaded and packed
+        seen.append(("drafter", numba.get_num_threads(), torch.get_num_threads()))
         raise Loaded
     monkeypatch.setattr(exactspec, "load", load)
+    monkeypatch.setattr(Model, "make_drafter", make_drafter)
     try:
-        cli.main(["serve", "--model", str(folder), "--threads", "2", "--port", "0"])
-    except Loaded:
-        pass
-    assert seen == [(1, 1)]
-    assert numba.get_num_threads() == 2  # and the setting is back for the engine thread to take over
-    exactspec.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        with pytest.raises(Loaded):
+            cli.main(["serve", "--model", str(folder), "--threads", "2", "--port", "0", "--draft", "lookup"])
+        assert seen == [("load", 1, 1), ("drafter", 1, 1)]
+        assert numba.get_num_threads() == 2  # and the setting is back for the engine thread to take over
+    finally:
+        exactspec.set_num_threads(numba.config.NUMBA_NUM_THREADS)
